@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,9 @@ def repo_root() -> Path:
 
 
 def config_dir() -> Path:
-    return repo_root() / "config"
+    """Where robot profiles and model configs live: $IWS_CONFIG_DIR, else the checkout's config/."""
+    override = os.environ.get("IWS_CONFIG_DIR")
+    return Path(override) if override else repo_root() / "config"
 
 
 @dataclasses.dataclass(frozen=True)

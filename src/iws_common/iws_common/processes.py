@@ -1,0 +1,55 @@
+"""Starting nodes in their own processes, on a chosen ROS domain, with their output in a log.
+
+Used by `iws demo`, the benchmarks and the tests: every multi-process tool starts nodes the same way.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+from pathlib import Path
+
+
+def private_domain_id() -> int:
+    """A ROS domain for a tool's own nodes (90..101): away from the default 0 and the tests' 10..89,
+    and below 102, above which Fast DDS ports can fall into Linux's ephemeral range."""
+    return random.randint(90, 101)
+
+
+def ros_env(domain_id: int, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(ROS_DOMAIN_ID=str(domain_id), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST",
+               FASTDDS_BUILTIN_TRANSPORTS="LARGE_DATA", MUJOCO_GL=env.get("MUJOCO_GL", "egl"),
+               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+class NodeProcess:
+    """A node started in its own process; its output goes to a log file shown on failure."""
+
+    def __init__(self, args: list[str], domain_id: int, log_path: Path, **env: str):
+        self.log_path = log_path
+        self.log = open(log_path, "w")
+        self.expected_exit: tuple[int, ...] = ()
+        self.proc = subprocess.Popen(args, env=ros_env(domain_id, **env), stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, sig=signal.SIGINT, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self.log.close()
+        return self.proc.returncode

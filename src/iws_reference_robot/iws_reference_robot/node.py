@@ -1,0 +1,261 @@
+"""The reference robot as a ROS 2 node: the interface of a ros2_control arm with a RealSense camera.
+
+A thin adapter over ``ReferenceSim``: it validates commands with the shared
+``JointCommandFollower`` rules, steps the physics at the profile's control rate (``realtime``) or
+only on StepWorld calls (``lockstep``), and publishes joint states, the camera image and
+camera_info, /clock, ground-truth task state and WorldStatus on the profile's names.
+
+All callbacks run on one executor thread, so a reset or command can never interleave with a step.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+
+import numpy as np
+import rclpy
+from builtin_interfaces.msg import Time
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.node import Node
+from rosgraph_msgs.msg import Clock
+from sensor_msgs.msg import CameraInfo, Image, JointState
+from std_msgs.msg import Float64MultiArray
+from std_srvs.srv import SetBool
+from trajectory_msgs.msg import JointTrajectory
+
+from iws_common import qos
+from iws_common.commands import CommandRejected, JointCommandFollower
+from iws_common.image_conversion import convert_encoding, numpy_to_image
+from iws_common.profile import load_profile
+from iws_interfaces.msg import TaskState, WorldStatus
+from iws_interfaces.srv import ResetWorld, StepWorld
+
+MODES = ("realtime", "lockstep")
+
+
+def time_msg(nanoseconds: int) -> Time:
+    return Time(sec=nanoseconds // 1_000_000_000, nanosec=nanoseconds % 1_000_000_000)
+
+
+def camera_info_msg(camera, frame_id: str) -> CameraInfo:
+    info = CameraInfo()
+    info.header.frame_id = frame_id
+    info.width, info.height = camera.width, camera.height
+    info.distortion_model = "plumb_bob"
+    info.d = [0.0] * 5
+    info.k = camera.intrinsics_matrix()
+    info.r = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    info.p = [camera.fx, 0.0, camera.cx, 0.0, 0.0, camera.fy, camera.cy, 0.0, 0.0, 0.0, 1.0, 0.0]
+    return info
+
+
+class StepTimer:
+    """Rolling step latency and achieved rate, for WorldStatus."""
+
+    def __init__(self, window: int = 100):
+        self.latencies = deque(maxlen=window)
+        self.stamps = deque(maxlen=window)
+
+    def record(self, started: float) -> None:
+        now = time.perf_counter()
+        self.latencies.append(now - started)
+        self.stamps.append(now)
+
+    def rate_hz(self) -> float:
+        if len(self.stamps) < 2 or time.perf_counter() - self.stamps[-1] > 2.0:
+            return 0.0
+        return (len(self.stamps) - 1) / (self.stamps[-1] - self.stamps[0])
+
+    def latency_ms(self, q: float) -> float:
+        return float(np.percentile(self.latencies, q) * 1e3) if self.latencies else 0.0
+
+
+class ReferenceRobotNode(Node):
+    def __init__(self):
+        super().__init__("reference_robot")
+        self.declare_parameter("robot", "reference_arm")
+        self.declare_parameter("task", "push_t")
+        self.declare_parameter("mode", "realtime")
+        self.declare_parameter("seed", 0)
+        self.profile = load_profile(self.get_parameter("robot").value)
+        self.task = str(self.get_parameter("task").value)
+        self.mode = str(self.get_parameter("mode").value)
+        if self.mode not in MODES:
+            raise ValueError(f"parameter mode must be one of {MODES}, got '{self.mode}'")
+
+        from iws_reference_robot.sim import ReferenceSim  # MuJoCo import kept out of module import
+        if self.task not in ReferenceSim.TASKS:
+            raise ValueError(f"parameter task must be one of {ReferenceSim.TASKS}, got '{self.task}'")
+        self.sim = ReferenceSim(self.profile, task=self.task, seed=int(self.get_parameter("seed").value))
+        self.sim.reset(int(self.get_parameter("seed").value))
+        self.follower = JointCommandFollower(self.profile.joints)
+        self.follower.reset(self.sim.joint_positions())
+        self.dt = self.profile.control_period_s
+        self.dt_ns = round(self.dt * 1e9)
+        # One clock for every stamp, in integer nanoseconds (exact across millions of steps),
+        # monotonic across resets; starts at wall time like a real robot's.
+        self.clock_ns = int(time.time()) * 1_000_000_000
+        self.step_count = 0
+        self.paused = False
+        self.timer_stats = StepTimer()
+
+        topics, camera = self.profile.topics, self.profile.camera
+        self.pub_joint_states = self.create_publisher(JointState, topics.joint_states, qos.STATE)
+        self.pub_image = self.create_publisher(Image, topics.image, qos.IMAGE)
+        self.pub_camera_info = self.create_publisher(CameraInfo, topics.camera_info, qos.IMAGE)
+        self.pub_clock = self.create_publisher(Clock, topics.clock, qos.CLOCK)
+        self.pub_task_state = self.create_publisher(TaskState, topics.task_state, qos.STATE)
+        self.pub_status = self.create_publisher(WorldStatus, topics.world_status, qos.STATE)
+        self.create_subscription(Float64MultiArray, topics.position_command, self.on_position_command, qos.COMMAND)
+        self.create_subscription(JointTrajectory, topics.trajectory_command, self.on_trajectory, qos.COMMAND)
+        self.create_service(ResetWorld, self.profile.services.reset, self.on_reset)
+        self.create_service(StepWorld, self.profile.services.step, self.on_step)
+        self.create_service(SetBool, self.profile.services.pause, self.on_pause)
+
+        self.image_msg = Image()
+        self.camera_info = camera_info_msg(camera, camera.frame_id)
+        self.joint_state_msg = JointState()
+        self.joint_state_msg.name = list(self.profile.joints.names)
+
+        if self.mode == "realtime":
+            self.create_timer(self.dt, self.on_control_timer)
+        self.create_timer(1.0, self.publish_status)
+        self.publish_observation()
+        self.get_logger().info(
+            f"reference robot up: profile={self.profile.name} task={self.task} mode={self.mode} "
+            f"camera={camera.width}x{camera.height}@{camera.encoding} control={self.profile.control_rate_hz} Hz")
+
+    # -- commands ---------------------------------------------------------------------------
+    def _log_rejection(self, exc: CommandRejected) -> None:
+        # One line per kind of problem per second at most: a flood of bad input must not flood the log.
+        self.get_logger().error(f"rejected command ({exc.kind}): {exc}", throttle_duration_sec=1.0)
+
+    def on_position_command(self, msg: Float64MultiArray) -> None:
+        try:
+            before = self.follower.clamped
+            self.follower.set_position_command(msg.data)
+            if self.follower.clamped != before:
+                self.get_logger().warning("position command beyond joint limits: clamped", throttle_duration_sec=1.0)
+        except CommandRejected as exc:
+            self._log_rejection(exc)
+
+    def on_trajectory(self, msg: JointTrajectory) -> None:
+        try:
+            times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in msg.points]
+            self.follower.set_trajectory(msg.joint_names, times, [p.positions for p in msg.points], now=self.clock_ns * 1e-9)
+        except CommandRejected as exc:
+            self._log_rejection(exc)
+
+    # -- stepping ---------------------------------------------------------------------------
+    def advance(self) -> None:
+        """One control step: follow the command, run the physics, publish the new observation."""
+        started = time.perf_counter()
+        setpoint = self.follower.step(self.clock_ns * 1e-9, self.dt)
+        self.sim.step(setpoint)
+        self.clock_ns += self.dt_ns
+        self.step_count += 1
+        self.publish_observation()
+        self.timer_stats.record(started)
+
+    def on_control_timer(self) -> None:
+        if not self.paused:
+            self.advance()
+
+    def publish_observation(self) -> Time:
+        stamp = time_msg(self.clock_ns)
+        self.pub_clock.publish(Clock(clock=stamp))
+        js = self.joint_state_msg
+        js.header.stamp = stamp
+        js.position = self.sim.joint_positions().tolist()
+        js.velocity = self.sim.joint_velocities().tolist()
+        self.pub_joint_states.publish(js)
+        camera = self.profile.camera
+        pixels = self.sim.render()
+        if camera.encoding != "rgb8":
+            pixels = convert_encoding(pixels, "rgb8", camera.encoding)
+        numpy_to_image(pixels, camera.encoding, msg=self.image_msg, stamp=stamp, frame_id=camera.frame_id)
+        self.pub_image.publish(self.image_msg)
+        self.camera_info.header.stamp = stamp
+        self.pub_camera_info.publish(self.camera_info)
+        state = self.sim.task_state()
+        task_msg = TaskState(task=state.task, score=float(state.score), success=bool(state.success),
+                             object_poses=np.asarray(state.object_poses, dtype=np.float64).ravel().tolist(),
+                             goal_pose=np.asarray(state.goal_pose, dtype=np.float64).ravel().tolist())
+        task_msg.header.stamp = stamp
+        task_msg.header.frame_id = self.profile.base_frame
+        self.pub_task_state.publish(task_msg)
+        return stamp
+
+    def publish_status(self) -> None:
+        status = WorldStatus(
+            backend="reference", model_id=f"mujoco:{self.task}", mode=self.mode,
+            sim_time=time_msg(self.clock_ns), step_count=self.step_count,
+            achieved_rate_hz=self.timer_stats.rate_hz(), target_rate_hz=self.profile.control_rate_hz,
+            step_latency_ms_p50=self.timer_stats.latency_ms(50), step_latency_ms_p95=self.timer_stats.latency_ms(95),
+            paused=self.paused, rejected_commands=sum(self.follower.rejected.values()))
+        status.header.stamp = time_msg(self.clock_ns)
+        self.pub_status.publish(status)
+
+    # -- services ---------------------------------------------------------------------------
+    def on_reset(self, request: ResetWorld.Request, response: ResetWorld.Response) -> ResetWorld.Response:
+        seed = None if request.seed < 0 else int(request.seed)
+        if len(request.images) or len(request.joint_states):
+            response.success = False
+            response.message = "the reference robot resets from a seed; image/joint-state windows are for the world model"
+            return response
+        self.sim.reset(seed)
+        self.follower.reset(self.sim.joint_positions())
+        response.first_frame_stamp = self.publish_observation()
+        response.success = True
+        response.message = f"reset task {self.task} with seed {'next' if seed is None else seed}"
+        self.publish_status()
+        return response
+
+    def on_step(self, request: StepWorld.Request, response: StepWorld.Response) -> StepWorld.Response:
+        if self.mode != "lockstep":
+            response.success, response.message = False, "StepWorld needs mode:=lockstep (this node runs in realtime)"
+        elif self.paused:
+            response.success, response.message = False, "paused: unpause before stepping"
+        else:
+            for _ in range(int(request.num_steps)):
+                self.advance()
+            response.success, response.message = True, f"stepped {request.num_steps}"
+            self.publish_status()
+        response.sim_time = time_msg(self.clock_ns)
+        response.step_count = self.step_count
+        return response
+
+    def on_pause(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
+        self.paused = bool(request.data)
+        response.success, response.message = True, "paused" if self.paused else "running"
+        self.publish_status()
+        return response
+
+    def destroy_node(self) -> None:
+        self.sim.close()
+        super().destroy_node()
+
+
+def main(args: list[str] | None = None) -> int:
+    rclpy.init(args=args)
+    try:
+        node = ReferenceRobotNode()
+    except Exception as exc:  # a bad parameter or profile: one clear line, not a traceback
+        print(f"reference_robot: cannot start: {exc}", file=sys.stderr)
+        rclpy.try_shutdown()
+        return 1
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

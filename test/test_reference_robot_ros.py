@@ -1,0 +1,211 @@
+"""The reference robot over ROS: a real node process, a real client, Fast DDS in between."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from builtin_interfaces.msg import Duration
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import Float64MultiArray
+from std_srvs.srv import SetBool
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from conformance import check_interface
+from iws_common import qos
+from iws_common.image_conversion import image_to_numpy
+from iws_common.profile import load_profile
+from iws_interfaces.msg import TaskState, WorldStatus
+from iws_interfaces.srv import ResetWorld, StepWorld
+
+PROFILE = load_profile("reference_arm")
+T, S = PROFILE.topics, PROFILE.services
+
+
+def stamp_ns(stamp) -> int:
+    return stamp.sec * 1_000_000_000 + stamp.nanosec
+
+
+class Lockstep:
+    """A lockstep reference robot and the client-side streams a test looks at."""
+
+    def __init__(self, client):
+        self.client = client
+        self.images = client.collect(Image, T.image, qos.IMAGE_SUBSCRIBER)
+        self.joints = client.collect(JointState, T.joint_states)
+        self.status = client.collect(WorldStatus, T.world_status)
+        self.task_state = client.collect(TaskState, T.task_state)
+        self.command = client.publisher(Float64MultiArray, T.position_command)
+        self.trajectory = client.publisher(JointTrajectory, T.trajectory_command)
+        client.wait_for_subscribers(self.command)
+        client.wait_for_subscribers(self.trajectory)
+
+    def step(self, n: int = 1) -> StepWorld.Response:
+        before = len(self.images)
+        response = self.client.call(StepWorld, S.step, StepWorld.Request(num_steps=n))
+        assert response.success, response.message
+        self.client.wait_for(self.images, before + n, timeout=10)
+        return response
+
+    def reset(self, seed: int) -> ResetWorld.Response:
+        response = self.client.call(ResetWorld, S.reset, ResetWorld.Request(seed=seed))
+        assert response.success, response.message
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (
+                self.images and stamp_ns(self.images[-1].header.stamp) == stamp_ns(response.first_frame_stamp)):
+            time.sleep(0.01)
+        return response
+
+    def send(self, values, settle: float = 0.3) -> None:
+        self.command.publish(Float64MultiArray(data=[float(v) for v in values]))
+        time.sleep(settle)  # commands and StepWorld travel on different channels
+
+    def latest_pixels(self) -> np.ndarray:
+        return image_to_numpy(self.images[-1]).astype(np.int16)
+
+    def latest_joints(self) -> np.ndarray:
+        return np.asarray(self.joints[-1].position)
+
+
+@pytest.fixture
+def lockstep(start_reference, ros_client):
+    node = start_reference(mode="lockstep", task="push_t", seed=3)
+    robot = Lockstep(ros_client)
+    robot.client.call(StepWorld, S.step, StepWorld.Request(num_steps=1))
+    robot.node = node
+    return robot
+
+
+def test_interface_conforms_to_profile(start_reference, ros_client):
+    start_reference(mode="realtime", task="push_t")
+    first = check_interface(ros_client, PROFILE)
+    assert image_to_numpy(first["image"]).std() > 5, "the camera image is blank"
+
+
+def test_realtime_mode_publishes_at_control_rate(start_reference, ros_client):
+    start_reference(mode="realtime", task="push_t")
+    images = ros_client.collect(Image, T.image, qos.IMAGE_SUBSCRIBER)
+    ros_client.wait_for(images, 3, timeout=20)
+    start, count = time.monotonic(), len(images)
+    time.sleep(3.0)
+    rate = (len(images) - count) / (time.monotonic() - start)
+    assert 0.6 * PROFILE.control_rate_hz <= rate <= 1.3 * PROFILE.control_rate_hz, f"published at {rate:.1f} Hz"
+
+
+def test_lockstep_steps_exactly_n(lockstep):
+    time.sleep(0.5)
+    images_before, joints_before = len(lockstep.images), len(lockstep.joints)
+    first = lockstep.client.call(StepWorld, S.step, StepWorld.Request(num_steps=1))
+    response = lockstep.step(7)
+    time.sleep(1.0)  # nothing else may arrive: the world does not move between calls
+    assert len(lockstep.images) - images_before == 8
+    assert len(lockstep.joints) - joints_before == 8
+    assert response.step_count - first.step_count == 7
+    dt_ns = round(1e9 / PROFILE.control_rate_hz)
+    assert stamp_ns(response.sim_time) - stamp_ns(first.sim_time) == 7 * dt_ns
+    stamps = [stamp_ns(m.header.stamp) for m in lockstep.images[-8:]]
+    assert np.all(np.diff(stamps) == dt_ns), "frames must be one control period apart"
+
+
+def test_command_moves_joints_and_changes_image(lockstep):
+    start_joints, start_pixels = lockstep.latest_joints(), lockstep.latest_pixels()
+    target = np.asarray(PROFILE.joints.home) + np.array([0.6, -0.5, 0.8])
+    lockstep.send(target)
+    lockstep.step(20)
+    moved = lockstep.latest_joints()
+    assert np.abs(moved - start_joints).max() > 0.3
+    np.testing.assert_allclose(moved, target, atol=0.05)
+    assert np.abs(lockstep.latest_pixels() - start_pixels).mean() > 0.5, "the arm moved but the image did not change"
+
+
+def test_trajectory_is_followed(lockstep):
+    start = lockstep.latest_joints()
+    goal = np.asarray(PROFILE.joints.home) + np.array([-0.4, 0.3, 0.5])
+    names = list(PROFILE.joints.names)
+    order = [2, 0, 1]  # any joint order is accepted
+    msg = JointTrajectory(joint_names=[names[i] for i in order])
+    msg.points = [JointTrajectoryPoint(positions=[float(goal[i]) for i in order], time_from_start=Duration(sec=1))]
+    lockstep.trajectory.publish(msg)
+    time.sleep(0.3)
+    lockstep.step(5)
+    halfway = lockstep.latest_joints()
+    lockstep.step(15)
+    np.testing.assert_allclose(lockstep.latest_joints(), goal, atol=0.05)
+    progress = np.abs(halfway - start) / np.abs(goal - start)
+    assert np.all((progress > 0.2) & (progress < 0.9)), f"not interpolated over 1 s: {progress}"
+
+
+def test_reset_restores_initial_state(lockstep):
+    first = lockstep.reset(11)
+    pixels, joints = lockstep.latest_pixels(), lockstep.latest_joints()
+    lockstep.send(np.asarray(PROFILE.joints.home) + 0.5)
+    lockstep.step(10)
+    assert np.abs(lockstep.latest_joints() - joints).max() > 0.2
+    second = lockstep.reset(11)
+    assert stamp_ns(second.first_frame_stamp) > stamp_ns(first.first_frame_stamp), "the clock must not go back on reset"
+    np.testing.assert_allclose(lockstep.latest_joints(), joints, atol=1e-9)
+    assert np.array_equal(lockstep.latest_pixels(), pixels)
+    lockstep.reset(12)
+    assert not np.array_equal(lockstep.latest_pixels(), pixels), "another seed should give another scene"
+
+
+def test_bad_commands_are_rejected_and_the_node_keeps_running(lockstep):
+    home = np.asarray(PROFILE.joints.home)
+    lockstep.send(home + 0.2)
+    lockstep.step(10)
+    good = lockstep.latest_joints()
+    lockstep.send([float("nan"), 0.0, 0.0], settle=0.0)
+    lockstep.send([float("inf"), 0.0, 0.0], settle=0.0)
+    lockstep.send([0.1, 0.2], settle=0.0)
+    lockstep.send([], settle=0.0)
+    names = list(PROFILE.joints.names)
+    bad_name = JointTrajectory(joint_names=names[:-1] + ["not_a_joint"],
+                               points=[JointTrajectoryPoint(positions=[0.0] * 3, time_from_start=Duration(sec=1))])
+    backwards = JointTrajectory(joint_names=names, points=[
+        JointTrajectoryPoint(positions=[0.0] * 3, time_from_start=Duration(sec=2)),
+        JointTrajectoryPoint(positions=[0.1] * 3, time_from_start=Duration(sec=1))])
+    lockstep.trajectory.publish(bad_name)
+    lockstep.trajectory.publish(backwards)
+    time.sleep(0.5)
+    lockstep.step(10)
+    np.testing.assert_allclose(lockstep.latest_joints(), good, atol=0.02)  # the last good target is held
+    lockstep.client.wait_for(lockstep.status, 1)
+    status = lockstep.status[-1]
+    assert status.rejected_commands >= 6, f"rejections counted: {status.rejected_commands}"
+
+    beyond = np.asarray(PROFILE.joints.upper) + 1.0
+    lockstep.send(beyond)
+    lockstep.step(40)
+    np.testing.assert_allclose(lockstep.latest_joints(), PROFILE.joints.upper, atol=0.05)
+    assert lockstep.node.alive()
+    log = lockstep.node.output()
+    for kind in ("non_finite", "wrong_length", "unknown_joint", "time_order"):
+        assert kind in log, f"no logged rejection of kind {kind}:\n{log[-2000:]}"
+
+
+def test_pause_blocks_stepping(lockstep):
+    paused = lockstep.client.call(SetBool, S.pause, SetBool.Request(data=True))
+    assert paused.success
+    response = lockstep.client.call(StepWorld, S.step, StepWorld.Request(num_steps=3))
+    assert not response.success and "pause" in response.message
+    lockstep.client.call(SetBool, S.pause, SetBool.Request(data=False))
+    lockstep.step(3)
+
+
+def test_task_state_is_ground_truth(lockstep):
+    lockstep.step(2)
+    lockstep.client.wait_for(lockstep.task_state, 1)
+    state = lockstep.task_state[-1]
+    assert state.task == "push_t"
+    assert 0.0 <= state.score <= 1.0
+    assert len(state.object_poses) % 3 == 0 and len(state.goal_pose) == 3
+
+
+def test_bad_parameter_is_a_clear_startup_error(start_reference):
+    node = start_reference(mode="lockstep", task="juggling")
+    node.expected_exit = (1,)
+    deadline = time.monotonic() + 30
+    while node.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not node.alive()
+    assert "task must be one of" in node.output()
