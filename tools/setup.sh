@@ -16,6 +16,16 @@ if [[ -f $STAMP && "$(cat "$STAMP")" == "$want" ]]; then
 fi
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
+missing=()
+command -v cmake >/dev/null || missing+=(cmake)
+command -v g++ >/dev/null || missing+=(g++)
+ldconfig -p 2>/dev/null | grep -q 'libEGL.so.1' || missing+=(libegl1 libgl1-mesa-dri)
+if ((${#missing[@]})); then
+  echo "[setup] missing system packages: ${missing[*]}" >&2
+  echo "[setup] install them with: sudo apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+
 if [[ ! -x $VENV/bin/python ]]; then
   log "creating $VENV"
   $PY -m venv "$VENV"
