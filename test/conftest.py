@@ -11,6 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("FASTDDS_BUILTIN_TRANSPORTS", "LARGE_DATA")
+# Nodes started by the tests discover only on this machine; the test process must match them.
+os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 
 from ros_harness import NodeProcess, RosClient, next_domain_id, reference_robot_args  # noqa: E402
 

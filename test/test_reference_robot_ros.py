@@ -31,7 +31,7 @@ class Lockstep:
 
     def __init__(self, client):
         self.client = client
-        self.images = client.collect(Image, T.image, qos.IMAGE_SUBSCRIBER)
+        self.images = client.collect(Image, T.image, qos.IMAGE_LOSSLESS)
         self.joints = client.collect(JointState, T.joint_states)
         self.status = client.collect(WorldStatus, T.world_status)
         self.task_state = client.collect(TaskState, T.task_state)

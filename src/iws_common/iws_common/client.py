@@ -6,6 +6,7 @@ place. Shut down in the order that does not abort: rclpy.shutdown first, then jo
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -20,6 +21,10 @@ class RosClient:
     """A client node in the test process, spun by a background thread."""
 
     def __init__(self, domain_id: int | None = None, name: str = "iws_client"):
+        if domain_id is not None:
+            # A private domain is shared with nodes started by iws_common.processes, which discover
+            # on localhost only; DDS participants must agree on that to see each other.
+            os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
         self.context = Context()
         rclpy.init(context=self.context, domain_id=domain_id)
         self.node = rclpy.create_node(name, context=self.context)

@@ -1,20 +1,24 @@
 """QoS presets, one per kind of stream, so that every backend offers the same profiles.
 
 Publishers offer RELIABLE, like realsense2_camera and ros2_control's joint_state_broadcaster by
-default, so that both reliable and best-effort subscribers connect. Images keep depth 1 so that a
-slow subscriber never receives stale frames; commands and states keep a short queue.
+default, so that both reliable and best-effort subscribers connect. Publishers keep a short queue so
+that lockstep bursts (many steps inside one StepWorld call) reach lossless subscribers whole; a
+live client that wants only the newest frame subscribes best effort with depth 1.
 """
 from __future__ import annotations
 
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
-# Offered by publishers of camera images and camera_info. Depth 1: never queue stale frames.
-IMAGE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
+# Offered by publishers of camera images and camera_info.
+IMAGE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100,
                    reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE)
-# Used by subscribers of images: best effort connects to both reliable and best-effort publishers.
+# Live image clients (policies, viewers): only the newest frame; connects to any publisher.
 IMAGE_SUBSCRIBER = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
                               reliability=ReliabilityPolicy.BEST_EFFORT, durability=DurabilityPolicy.VOLATILE)
-STATE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
+# Lossless image clients (recorder, benchmarks, tests): every frame, also in lockstep bursts.
+IMAGE_LOSSLESS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100,
+                            reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE)
+STATE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100,
                    reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE)
 COMMAND = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
                      reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE)

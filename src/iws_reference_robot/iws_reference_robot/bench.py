@@ -56,7 +56,7 @@ def bench_lockstep_ros(task: str, steps: int, robot: str) -> dict:
                        + ros_arguments({"robot": robot, "task": task, "mode": "lockstep"}), domain, log)
     client = RosClient(domain, name="iws_bench_reference")
     try:
-        images = client.collect(Image, profile.topics.image, qos.IMAGE_SUBSCRIBER)
+        images = client.collect(Image, profile.topics.image, qos.IMAGE_LOSSLESS)
         client.call(StepWorld, profile.services.step, StepWorld.Request(num_steps=20), timeout=60)  # warm-up
         client.wait_for(images, 10)
         time.sleep(0.5)

@@ -28,6 +28,7 @@ from iws_common import qos
 from iws_common.commands import CommandRejected, JointCommandFollower
 from iws_common.image_conversion import convert_encoding, numpy_to_image
 from iws_common.profile import load_profile
+from iws_common.throttle import KindThrottle
 from iws_interfaces.msg import TaskState, WorldStatus
 from iws_interfaces.srv import ResetWorld, StepWorld
 
@@ -91,6 +92,7 @@ class ReferenceRobotNode(Node):
         self.sim.reset(int(self.get_parameter("seed").value))
         self.follower = JointCommandFollower(self.profile.joints)
         self.follower.reset(self.sim.joint_positions())
+        self.rejection_log = KindThrottle(period_s=1.0)
         self.dt = self.profile.control_period_s
         self.dt_ns = round(self.dt * 1e9)
         # One clock for every stamp, in integer nanoseconds (exact across millions of steps),
@@ -129,14 +131,17 @@ class ReferenceRobotNode(Node):
     # -- commands ---------------------------------------------------------------------------
     def _log_rejection(self, exc: CommandRejected) -> None:
         # One line per kind of problem per second at most: a flood of bad input must not flood the log.
-        self.get_logger().error(f"rejected command ({exc.kind}): {exc}", throttle_duration_sec=1.0)
+        log_now, suppressed = self.rejection_log.should_log(exc.kind)
+        if log_now:
+            more = f" (+{suppressed} more of this kind)" if suppressed else ""
+            self.get_logger().error(f"rejected command ({exc.kind}): {exc}{more}")
 
     def on_position_command(self, msg: Float64MultiArray) -> None:
         try:
             before = self.follower.clamped
             self.follower.set_position_command(msg.data)
-            if self.follower.clamped != before:
-                self.get_logger().warning("position command beyond joint limits: clamped", throttle_duration_sec=1.0)
+            if self.follower.clamped != before and self.rejection_log.should_log("clamped")[0]:
+                self.get_logger().warning("position command beyond joint limits: clamped to the limits")
         except CommandRejected as exc:
             self._log_rejection(exc)
 
