@@ -14,16 +14,13 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from conformance import check_interface
 from iws_common import qos
 from iws_common.image_conversion import image_to_numpy
+from iws_common.messages import stamp_ns
 from iws_common.profile import load_profile
 from iws_interfaces.msg import TaskState, WorldStatus
 from iws_interfaces.srv import ResetWorld, StepWorld
 
 PROFILE = load_profile("reference_arm")
 T, S = PROFILE.topics, PROFILE.services
-
-
-def stamp_ns(stamp) -> int:
-    return stamp.sec * 1_000_000_000 + stamp.nanosec
 
 
 class Lockstep:
@@ -120,7 +117,7 @@ def test_command_moves_joints_and_changes_image(lockstep):
 
 def test_trajectory_is_followed(lockstep):
     start = lockstep.latest_joints()
-    goal = np.asarray(PROFILE.joints.home) + np.array([-0.4, 0.3, 0.5])
+    goal = np.asarray(PROFILE.joints.home) + np.array([0.4, -0.3, 0.5])
     names = list(PROFILE.joints.names)
     order = [2, 0, 1]  # any joint order is accepted
     msg = JointTrajectory(joint_names=[names[i] for i in order])

@@ -54,15 +54,21 @@ def get_backend(name: str) -> Backend:
 
 
 def node_parameters(backend: Backend, robot: str, overrides: dict | None = None) -> dict:
-    """The node's ROS parameters: the backend's defaults, the robot profile, then overrides."""
+    """The node's ROS parameters: the backend's defaults, the robot profile, then overrides.
+
+    Overrides are given for parameters the backend declares (listed in its YAML defaults), and
+    None means "keep the default", so one set of command-line options serves every backend.
+    """
     params = {**backend.parameters, "robot": robot}
-    params.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    params.update({k: v for k, v in (overrides or {}).items() if v is not None and k in backend.parameters})
     return params
 
 
 def ros_arguments(params: dict) -> list[str]:
     args = ["--ros-args"]
     for key, value in params.items():
+        if value == "":
+            continue  # the node's declared default; an empty `-p key:=` would not parse as a string
         if isinstance(value, bool):
             value = str(value).lower()
         args += ["-p", f"{key}:={value}"]

@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--task", help="reference robot task: push_t, rope or pile")
     parser.add_argument("--mode", choices=("realtime", "lockstep"), help="timing mode")
     parser.add_argument("--seed", type=int, help="initial-state seed")
+    parser.add_argument("--model", help="world model checkpoint directory (default: the shipped models/push_t)")
     return parser
 
 
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     if not backend.starts_a_node:
         print(f"iws up {backend.name}: {backend.description}. Nothing to start.")
         return 0
-    params = node_parameters(backend, args.robot, {"task": args.task, "mode": args.mode, "seed": args.seed})
+    params = node_parameters(backend, args.robot, {"task": args.task, "mode": args.mode, "seed": args.seed, "model": args.model})
     module_name, func_name = backend.entry_point.split(":")
     entry = getattr(importlib.import_module(module_name), func_name)
     return int(entry(["iws_up"] + ros_arguments(params)) or 0)

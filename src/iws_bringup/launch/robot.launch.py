@@ -1,6 +1,7 @@
 """Start a backend on a robot profile's topics (for machines with a ROS 2 distro and `ros2 launch`).
 
     ros2 launch iws_bringup robot.launch.py backend:=reference robot:=reference_arm task:=push_t
+    ros2 launch iws_bringup robot.launch.py backend:=world_model model:=/path/to/checkpoint
     ros2 launch iws_bringup robot.launch.py backend:=real        # starts nothing: the driver serves
 
 Reads config/bringup.yaml through iws_bringup.backends, exactly like `iws up`.
@@ -13,11 +14,12 @@ from launch_ros.actions import Node
 from iws_bringup.backends import get_backend, node_parameters
 
 ARGUMENTS = {
-    "backend": ("reference", "reference | real (see config/bringup.yaml)"),
+    "backend": ("reference", "reference | world_model | real (see config/bringup.yaml)"),
     "robot": ("reference_arm", "robot profile name or YAML path"),
     "task": ("", "reference robot task: push_t, rope or pile (empty: bringup default)"),
     "mode": ("", "realtime | lockstep (empty: bringup default)"),
     "seed": ("", "initial-state seed (empty: bringup default)"),
+    "model": ("", "world model checkpoint directory (empty: the shipped models/push_t)"),
 }
 
 
@@ -26,7 +28,7 @@ def _start(context):
     backend = get_backend(value["backend"])
     if not backend.starts_a_node:
         return [LogInfo(msg=f"backend {backend.name}: {backend.description}; nothing started")]
-    overrides = {key: value[key] or None for key in ("task", "mode")}
+    overrides = {key: value[key] or None for key in ("task", "mode", "model")}
     overrides["seed"] = int(value["seed"]) if value["seed"] else None
     params = node_parameters(backend, value["robot"], overrides)
     return [Node(package=backend.package, executable=backend.executable, parameters=[params], output="screen")]

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import deque
 
 import numpy as np
 import rclpy
-from builtin_interfaces.msg import Time
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rosgraph_msgs.msg import Clock
@@ -27,49 +25,14 @@ from trajectory_msgs.msg import JointTrajectory
 from iws_common import qos
 from iws_common.commands import CommandRejected, JointCommandFollower
 from iws_common.image_conversion import convert_encoding, numpy_to_image
+from iws_common.messages import camera_info_msg, time_msg
 from iws_common.profile import load_profile
+from iws_common.stats import StepTimer
 from iws_common.throttle import KindThrottle
 from iws_interfaces.msg import TaskState, WorldStatus
 from iws_interfaces.srv import ResetWorld, StepWorld
 
 MODES = ("realtime", "lockstep")
-
-
-def time_msg(nanoseconds: int) -> Time:
-    return Time(sec=nanoseconds // 1_000_000_000, nanosec=nanoseconds % 1_000_000_000)
-
-
-def camera_info_msg(camera, frame_id: str) -> CameraInfo:
-    info = CameraInfo()
-    info.header.frame_id = frame_id
-    info.width, info.height = camera.width, camera.height
-    info.distortion_model = "plumb_bob"
-    info.d = [0.0] * 5
-    info.k = camera.intrinsics_matrix()
-    info.r = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
-    info.p = [camera.fx, 0.0, camera.cx, 0.0, 0.0, camera.fy, camera.cy, 0.0, 0.0, 0.0, 1.0, 0.0]
-    return info
-
-
-class StepTimer:
-    """Rolling step latency and achieved rate, for WorldStatus."""
-
-    def __init__(self, window: int = 100):
-        self.latencies = deque(maxlen=window)
-        self.stamps = deque(maxlen=window)
-
-    def record(self, started: float) -> None:
-        now = time.perf_counter()
-        self.latencies.append(now - started)
-        self.stamps.append(now)
-
-    def rate_hz(self) -> float:
-        if len(self.stamps) < 2 or time.perf_counter() - self.stamps[-1] > 2.0:
-            return 0.0
-        return (len(self.stamps) - 1) / (self.stamps[-1] - self.stamps[0])
-
-    def latency_ms(self, q: float) -> float:
-        return float(np.percentile(self.latencies, q) * 1e3) if self.latencies else 0.0
 
 
 class ReferenceRobotNode(Node):
@@ -167,7 +130,7 @@ class ReferenceRobotNode(Node):
         if not self.paused:
             self.advance()
 
-    def publish_observation(self) -> Time:
+    def publish_observation(self):
         stamp = time_msg(self.clock_ns)
         self.pub_clock.publish(Clock(clock=stamp))
         js = self.joint_state_msg

@@ -1,0 +1,154 @@
+"""The MuJoCo reference world without ROS: determinism, control, kinematics, camera, task scores."""
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import math  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from iws_common.profile import load_profile  # noqa: E402
+from iws_reference_robot import scene  # noqa: E402
+from iws_reference_robot.experts import EXPERTS, PushTExpert, make_expert  # noqa: E402
+from iws_reference_robot.sim import ReferenceSim  # noqa: E402
+from iws_reference_robot.tasks import TaskState  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return load_profile("reference_arm")
+
+
+@pytest.fixture(scope="module")
+def push_sim(profile):
+    sim = ReferenceSim(profile, "push_t", seed=0)
+    yield sim
+    sim.close()
+
+
+def test_shapes_and_dtypes(push_sim, profile):
+    push_sim.reset(0)
+    img = push_sim.render()
+    assert img.shape == (profile.camera.height, profile.camera.width, 3) and img.dtype == np.uint8
+    j = profile.joints.count
+    assert push_sim.joint_positions().shape == (j,) and push_sim.joint_positions().dtype == np.float64
+    assert push_sim.joint_velocities().shape == (j,)
+    np.testing.assert_allclose(push_sim.joint_positions(), profile.joints.home)
+    assert push_sim.time == 0.0
+    state = push_sim.task_state()
+    assert isinstance(state, TaskState) and state.task == "push_t"
+    assert state.object_poses.shape == (1, 3) and state.goal_pose.shape == (3,)
+
+
+def test_camera_fovy_follows_intrinsics(push_sim, profile):
+    fovy = push_sim.model.cam_fovy[push_sim.model.camera("top").id]
+    assert fovy == pytest.approx(math.degrees(2 * math.atan(profile.camera.height / 2 / profile.camera.fy)), abs=1e-3)
+
+
+def test_reset_is_deterministic(push_sim):
+    push_sim.reset(5)
+    a_img, a_state = push_sim.render(), push_sim.task_state()
+    push_sim.step(push_sim.joint_positions() + 0.1)
+    push_sim.reset(5)
+    np.testing.assert_array_equal(push_sim.render(), a_img)
+    np.testing.assert_array_equal(push_sim.task_state().object_poses, a_state.object_poses)
+    assert push_sim.time == 0.0
+    push_sim.reset(6)
+    assert not np.array_equal(push_sim.task_state().object_poses, a_state.object_poses)
+    assert not np.array_equal(push_sim.render(), a_img)
+
+
+def test_setpoint_moves_joints_and_image(push_sim):
+    push_sim.reset(1)
+    before_q, before_img = push_sim.joint_positions(), push_sim.render()
+    target = before_q + np.array([0.15, -0.15, 0.3])
+    for _ in range(3):
+        push_sim.step(target)
+    assert push_sim.time == pytest.approx(3 * push_sim.profile.control_period_s)
+    np.testing.assert_allclose(push_sim.joint_positions(), target, atol=0.02)
+    assert np.abs(push_sim.render().astype(int) - before_img).sum() > 0
+
+
+def test_fk_ik_round_trip(push_sim):
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        xy = np.array([rng.uniform(-0.2, 0.2), rng.uniform(0.2, 0.4)])
+        q = push_sim.inverse_kinematics(xy)
+        assert np.all(q >= push_sim.lower) and np.all(q <= push_sim.upper)
+        np.testing.assert_allclose(push_sim.forward_kinematics(q), xy, atol=1e-6)
+    far = push_sim.inverse_kinematics([0.0, 2.0])
+    np.testing.assert_allclose(push_sim.forward_kinematics(far), [0.0, push_sim.reach[1]], atol=1e-3)
+    push_sim.reset(0)
+    np.testing.assert_allclose(push_sim.forward_kinematics(push_sim.joint_positions()), push_sim.pusher_xy(), atol=1e-9)
+
+
+def test_projection_matches_rendered_pusher(push_sim):
+    push_sim.reset(2)
+    for xy in ([0.15, 0.18], [-0.15, 0.25], [0.0, 0.42]):
+        q = push_sim.inverse_kinematics(xy)
+        for _ in range(8):
+            push_sim.step(q)
+        img = push_sim.render().astype(int)
+        red = (img[..., 0] > 150) & (img[..., 1] < 80) & (img[..., 2] < 80)
+        assert red.sum() > 3
+        v, u = np.nonzero(red)
+        pusher = push_sim.pusher_xy()
+        expected = push_sim.project_to_pixels([pusher[0], pusher[1], scene.PUSHER_TOP])
+        assert np.hypot(u.mean() - expected[0], v.mean() - expected[1]) < 1.5
+
+
+def test_push_t_score(push_sim):
+    task = push_sim.task
+    goal = task.GOAL
+    assert task.overlap(goal, goal) >= 0.99
+    assert task.overlap(goal + [0.3, 0.0, 0.0], goal) == pytest.approx(0.0, abs=1e-6)
+    task.block.set(push_sim.data, goal)
+    assert push_sim.task_state().score >= 0.99 and push_sim.task_state().success
+
+
+def test_push_t_expert_improves_score(profile):
+    sim = ReferenceSim(profile, "push_t", seed=0)
+    expert = PushTExpert(sim)
+    gains = []
+    for episode in range(3):
+        sim.reset(100 + episode)
+        expert.reset(np.random.default_rng(episode))
+        state = sim.task_state()
+        start = state.score
+        for _ in range(80):
+            sim.step(expert.act(state, sim.joint_positions()))
+            state = sim.task_state()
+        gains.append(state.score - start)
+    sim.close()
+    assert np.mean(gains) > 0.3
+
+
+@pytest.mark.parametrize("task", ["rope", "pile"])
+def test_other_tasks_reset_and_step(profile, task):
+    sim = ReferenceSim(profile, task, seed=0)
+    state = sim.task_state()
+    assert state.task == task and 0.0 <= state.score <= 1.0 and state.object_poses.shape[1] == 3
+    for name in (task, "smooth_random", "contact_seeking"):
+        expert = make_expert(name, sim)
+        expert.reset(np.random.default_rng(0))
+        for _ in range(10):
+            setpoint = expert.act(sim.task_state(), sim.joint_positions())
+            assert setpoint.shape == (3,) and np.all(np.isfinite(setpoint))
+            sim.step(setpoint)
+    assert np.all(np.isfinite(sim.task_state().object_poses))
+    assert sim.render().shape == (96, 96, 3)
+    sim.close()
+
+
+def test_experts_limit_pusher_step(push_sim):
+    push_sim.reset(3)
+    for name in EXPERTS:
+        if name in ("rope", "pile"):
+            continue
+        expert = make_expert(name, push_sim)
+        expert.reset(np.random.default_rng(1))
+        q = push_sim.joint_positions()
+        setpoint = expert.act(push_sim.task_state(), q)
+        step = np.linalg.norm(push_sim.forward_kinematics(setpoint) - push_sim.forward_kinematics(q))
+        assert step <= expert.max_step + 1e-6
