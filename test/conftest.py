@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ os.environ.setdefault("FASTDDS_BUILTIN_TRANSPORTS", "LARGE_DATA")
 # Nodes started by the tests discover only on this machine; the test process must match them.
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 
-from ros_harness import NodeProcess, RosClient, next_domain_id, reference_robot_args  # noqa: E402
+from ros_harness import NodeProcess, RosClient, backend_args, next_domain_id  # noqa: E402
 
 
 @pytest.fixture
@@ -30,13 +29,13 @@ def ros_client(domain_id):
 
 
 @pytest.fixture
-def start_reference(domain_id, tmp_path):
-    """Start reference robot processes: ``start_reference(mode="lockstep", task="push_t")``."""
+def start_backend(domain_id, tmp_path):
+    """Start backend node processes: ``start_backend("world_model", mode="lockstep", model=...)``."""
     started: list[NodeProcess] = []
 
-    def start(**params) -> NodeProcess:
-        log = tmp_path / f"reference_robot_{len(started)}.log"
-        node = NodeProcess(reference_robot_args(**params), domain_id, log)
+    def start(backend: str, **params) -> NodeProcess:
+        log = tmp_path / f"{backend}_{len(started)}.log"
+        node = NodeProcess(backend_args(backend, **params), domain_id, log)
         started.append(node)
         return node
 
@@ -44,4 +43,10 @@ def start_reference(domain_id, tmp_path):
     for node in started:
         code = node.stop()
         # A node that crashed during the test fails it even if every assertion passed.
-        assert code in (0, -2) or code in node.expected_exit, f"reference robot exited with {code}:\n{node.output()[-3000:]}"
+        assert code in (0, -2) or code in node.expected_exit, f"{node.log_path.name} exited with {code}:\n{node.output()[-3000:]}"
+
+
+@pytest.fixture
+def start_reference(start_backend):
+    """Start reference robot processes: ``start_reference(mode="lockstep", task="push_t")``."""
+    return lambda **params: start_backend("reference", **params)

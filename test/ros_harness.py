@@ -10,7 +10,20 @@ import os
 import sys
 from pathlib import Path
 
-from iws_bringup.backends import ros_arguments
+
+import time
+
+import numpy as np
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import Float64MultiArray
+from trajectory_msgs.msg import JointTrajectory
+
+from iws_bringup.backends import get_backend, ros_arguments
+from iws_common import qos
+from iws_common.image_conversion import image_to_numpy
+from iws_common.messages import stamp_ns
+from iws_interfaces.msg import TaskState, WorldStatus
+from iws_interfaces.srv import ResetWorld, StepWorld
 from iws_common.client import RosClient  # noqa: F401  (re-exported for the tests)
 from iws_common.processes import NodeProcess, ros_env  # noqa: F401
 
@@ -23,5 +36,50 @@ def next_domain_id() -> int:
     return 10 + next(_domains) % 80
 
 
-def reference_robot_args(**params) -> list[str]:
-    return [sys.executable, "-m", "iws_reference_robot.node"] + ros_arguments(params)
+def backend_args(backend: str, **params) -> list[str]:
+    """The command line of a backend's node, from config/bringup.yaml like `iws up`."""
+    module = get_backend(backend).entry_point.split(":")[0]
+    return [sys.executable, "-m", module] + ros_arguments(params)
+
+
+class LockstepClient:
+    """A client of a lockstep backend, written against the profile only (so it runs unchanged
+    against the reference robot and the world model), and the streams a test looks at."""
+
+    def __init__(self, client, profile):
+        self.client = client
+        T, self.services = profile.topics, profile.services
+        self.images = client.collect(Image, T.image, qos.IMAGE_LOSSLESS)
+        self.joints = client.collect(JointState, T.joint_states)
+        self.status = client.collect(WorldStatus, T.world_status)
+        self.task_state = client.collect(TaskState, T.task_state)
+        self.command = client.publisher(Float64MultiArray, T.position_command)
+        self.trajectory = client.publisher(JointTrajectory, T.trajectory_command)
+        client.wait_for_subscribers(self.command)
+        client.wait_for_subscribers(self.trajectory)
+
+    def step(self, n: int = 1) -> StepWorld.Response:
+        before = len(self.images)
+        response = self.client.call(StepWorld, self.services.step, StepWorld.Request(num_steps=n))
+        assert response.success, response.message
+        self.client.wait_for(self.images, before + n, timeout=10)
+        return response
+
+    def reset(self, seed: int) -> ResetWorld.Response:
+        response = self.client.call(ResetWorld, self.services.reset, ResetWorld.Request(seed=seed))
+        assert response.success, response.message
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (
+                self.images and stamp_ns(self.images[-1].header.stamp) == stamp_ns(response.first_frame_stamp)):
+            time.sleep(0.01)
+        return response
+
+    def send(self, values, settle: float = 0.3) -> None:
+        self.command.publish(Float64MultiArray(data=[float(v) for v in values]))
+        time.sleep(settle)  # commands and StepWorld travel on different channels
+
+    def latest_pixels(self) -> np.ndarray:
+        return image_to_numpy(self.images[-1]).astype(np.int16)
+
+    def latest_joints(self) -> np.ndarray:
+        return np.asarray(self.joints[-1].position)

@@ -6,68 +6,27 @@ import time
 import numpy as np
 import pytest
 from builtin_interfaces.msg import Duration
-from sensor_msgs.msg import Image, JointState
-from std_msgs.msg import Float64MultiArray
+from sensor_msgs.msg import Image
 from std_srvs.srv import SetBool
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from conformance import check_interface
+from ros_harness import LockstepClient
 from iws_common import qos
 from iws_common.image_conversion import image_to_numpy
 from iws_common.messages import stamp_ns
 from iws_common.profile import load_profile
-from iws_interfaces.msg import TaskState, WorldStatus
-from iws_interfaces.srv import ResetWorld, StepWorld
+
+from iws_interfaces.srv import StepWorld
 
 PROFILE = load_profile("reference_arm")
 T, S = PROFILE.topics, PROFILE.services
 
 
-class Lockstep:
-    """A lockstep reference robot and the client-side streams a test looks at."""
-
-    def __init__(self, client):
-        self.client = client
-        self.images = client.collect(Image, T.image, qos.IMAGE_LOSSLESS)
-        self.joints = client.collect(JointState, T.joint_states)
-        self.status = client.collect(WorldStatus, T.world_status)
-        self.task_state = client.collect(TaskState, T.task_state)
-        self.command = client.publisher(Float64MultiArray, T.position_command)
-        self.trajectory = client.publisher(JointTrajectory, T.trajectory_command)
-        client.wait_for_subscribers(self.command)
-        client.wait_for_subscribers(self.trajectory)
-
-    def step(self, n: int = 1) -> StepWorld.Response:
-        before = len(self.images)
-        response = self.client.call(StepWorld, S.step, StepWorld.Request(num_steps=n))
-        assert response.success, response.message
-        self.client.wait_for(self.images, before + n, timeout=10)
-        return response
-
-    def reset(self, seed: int) -> ResetWorld.Response:
-        response = self.client.call(ResetWorld, S.reset, ResetWorld.Request(seed=seed))
-        assert response.success, response.message
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not (
-                self.images and stamp_ns(self.images[-1].header.stamp) == stamp_ns(response.first_frame_stamp)):
-            time.sleep(0.01)
-        return response
-
-    def send(self, values, settle: float = 0.3) -> None:
-        self.command.publish(Float64MultiArray(data=[float(v) for v in values]))
-        time.sleep(settle)  # commands and StepWorld travel on different channels
-
-    def latest_pixels(self) -> np.ndarray:
-        return image_to_numpy(self.images[-1]).astype(np.int16)
-
-    def latest_joints(self) -> np.ndarray:
-        return np.asarray(self.joints[-1].position)
-
-
 @pytest.fixture
 def lockstep(start_reference, ros_client):
     node = start_reference(mode="lockstep", task="push_t", seed=3)
-    robot = Lockstep(ros_client)
+    robot = LockstepClient(ros_client, PROFILE)
     robot.client.call(StepWorld, S.step, StepWorld.Request(num_steps=1))
     robot.node = node
     return robot

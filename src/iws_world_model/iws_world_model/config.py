@@ -1,0 +1,165 @@
+"""Model and training configuration: dataclasses loaded from `config/models/*.yaml`.
+
+A YAML file has two sections, ``model`` and ``train``; unknown keys and bad values fail early with
+the file and key named, so a typo never silently trains the wrong model.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A model/training configuration is missing, malformed or inconsistent."""
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    image_size: int = 64                    # model resolution (square); camera frames are area-resized to it
+    latent_channels: int = 4
+    encoder_channels: list[int] = dataclasses.field(default_factory=lambda: [32, 64])  # one stride-2 stage each
+    decoder_channels: int = 16              # U-Net base width
+    decoder_mult: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 2])
+    decoder_blocks: int = 1                 # res blocks per level
+    decoder_attention: bool = True          # self-attention in the U-Net middle
+    decode_steps: int = 1                   # consistency jumps at inference (1-3)
+    dynamics_channels: list[int] = dataclasses.field(default_factory=lambda: [64, 64, 64])  # one block each
+    dynamics_heads: int = 4
+    dynamics_spatial_attention: bool = False  # one per-frame spatial attention after the last block
+    dynamics_objective: str = "consistency"   # "consistency" or "mse" (the deterministic baseline)
+    window: int = 4                         # K: history frames the newest frame attends to
+    embed_dim: int = 64                     # noise-level and action embedding width
+    action_hidden: int = 128
+    history_level: int = 15                 # noise label of (clean) history frames at inference
+    history_noise_max: int = 99             # training noises history at t = s in 1..this
+    joint_head_channels: int = 32
+    joint_head_hidden: int = 128
+    timesteps: int = 1000
+    streaming: bool = True                  # key/value cache; False recomputes the window every step (paper)
+
+    @property
+    def latent_size(self) -> int:
+        return self.image_size // 2 ** len(self.encoder_channels)
+
+    def validate(self, where: str = "model") -> None:
+        def bad(key: str, why: str):
+            raise ConfigError(f"{where}.{key}: {why}")
+        for key in ("image_size", "latent_channels", "decoder_channels", "decoder_blocks", "window",
+                    "embed_dim", "action_hidden", "joint_head_channels", "joint_head_hidden", "dynamics_heads"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                bad(key, f"must be a positive integer, got {getattr(self, key)!r}")
+        for key in ("encoder_channels", "decoder_mult", "dynamics_channels"):
+            value = getattr(self, key)
+            if not isinstance(value, list) or not value or not all(isinstance(v, int) and v > 0 for v in value):
+                bad(key, f"must be a non-empty list of positive integers, got {value!r}")
+        down = 2 ** max(len(self.encoder_channels), len(self.decoder_mult) - 1)
+        if self.image_size % down:
+            bad("image_size", f"{self.image_size} must be divisible by {down} (encoder and decoder downsampling)")
+        for key, widths in (("decoder_channels", [self.decoder_channels * m for m in self.decoder_mult]),
+                            ("dynamics_channels", self.dynamics_channels), ("encoder_channels", self.encoder_channels)):
+            if any(w % 8 for w in widths):
+                bad(key, f"widths {widths} must be multiples of 8 (GroupNorm)")
+        if any(c % self.dynamics_heads for c in self.dynamics_channels):
+            bad("dynamics_heads", f"{self.dynamics_heads} must divide every dynamics width {self.dynamics_channels}")
+        if self.decode_steps not in (1, 2, 3):
+            bad("decode_steps", f"must be 1, 2 or 3, got {self.decode_steps!r}")
+        if self.dynamics_objective not in ("consistency", "mse"):
+            bad("dynamics_objective", f"must be 'consistency' or 'mse', got {self.dynamics_objective!r}")
+        if self.timesteps != 1000:
+            bad("timesteps", "only the T=1000 schedule of the method is supported")
+        if not 1 <= self.history_noise_max < self.timesteps or not 0 <= self.history_level < self.timesteps:
+            bad("history_noise_max", "history noise levels must lie in 1..T-1")
+
+
+@dataclasses.dataclass
+class StageConfig:
+    steps: int = 1000
+    lr: float = 2e-4
+    batch_size: int = 16
+    warmup: int = 100
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    seed: int = 0
+    stage1: StageConfig = dataclasses.field(default_factory=StageConfig)  # encoder + decoder
+    stage2: StageConfig = dataclasses.field(default_factory=StageConfig)  # dynamics + joint head
+    stage3: StageConfig = dataclasses.field(default_factory=lambda: StageConfig(lr=2e-5))  # decoder fine-tune
+    weight_decay: float = 1e-4
+    grad_clip: float = 1.0
+    terminal_fraction: float = 0.5   # stage 1: share of the batch trained on the inference jumps
+    stage3_latent_noise: float = 0.02
+    joint_loss_weight: float = 1.0
+    joint_latent_noise: float = 0.02  # the joint head must read predicted (imperfect) latents
+    checkpoint_every: int = 500
+    log_every: int = 10
+    num_workers: int = 0
+
+    def validate(self, where: str = "train") -> None:
+        for name in ("stage1", "stage2", "stage3"):
+            stage = getattr(self, name)
+            for key in ("steps", "batch_size"):
+                if not isinstance(getattr(stage, key), int) or getattr(stage, key) < (0 if key == "steps" else 1):
+                    raise ConfigError(f"{where}.{name}.{key}: bad value {getattr(stage, key)!r}")
+            if not stage.lr > 0:
+                raise ConfigError(f"{where}.{name}.lr: must be positive, got {stage.lr!r}")
+        if not 0 <= self.terminal_fraction <= 1:
+            raise ConfigError(f"{where}.terminal_fraction: must lie in [0, 1], got {self.terminal_fraction!r}")
+        if self.checkpoint_every < 1 or self.log_every < 1:
+            raise ConfigError(f"{where}: checkpoint_every and log_every must be >= 1")
+
+
+def _build(cls, data: Any, where: str):
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {sorted(fields)}")
+    kwargs = {}
+    for key, value in data.items():
+        default = getattr(cls(), key)
+        if isinstance(default, StageConfig):
+            value = _build(StageConfig, value, f"{where}.{key}")
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}.{key}: expected true/false, got {value!r}")
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
+            value = float(value)
+        elif isinstance(default, int) and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{where}.{key}: expected an integer, got {value!r}")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def model_config_from_dict(data: dict, where: str = "model") -> ModelConfig:
+    cfg = _build(ModelConfig, data, where)
+    cfg.validate(where)
+    return cfg
+
+
+def load_config(path: str | Path) -> tuple[ModelConfig, TrainConfig]:
+    """Read a YAML file with ``model:`` and ``train:`` sections."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping with 'model' and 'train'")
+    unknown = sorted(set(data) - {"model", "train", "description"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown top-level key(s) {unknown}; expected 'model' and 'train'")
+    model = model_config_from_dict(data.get("model"), f"{path}: model")
+    train = _build(TrainConfig, data.get("train"), f"{path}: train")
+    train.validate(f"{path}: train")
+    return model, train

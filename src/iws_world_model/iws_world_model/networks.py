@@ -1,0 +1,285 @@
+"""The four networks of the world model: encoder, consistency decoder, latent dynamics, joint head.
+
+Shapes (B batch, F frames, L latent channels, h = w = image_size / 4):
+  Encoder     image (B, 3, H, W) in [-1, 1]        -> latent (B, L, h, w), unit L2 norm per pixel
+  Decoder     x_t (B, 3, H, W), t, s, latent        -> v (B, 3, H, W)
+  Dynamics    latents (B, F, L, h, w), t, s (B, F), actions (B, F, A) -> v (B, F, L, h, w)
+  JointHead   latent (B, L, h, w)                   -> normalised joint positions (B, J)
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+
+
+def group_norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(8 if channels % 8 == 0 else 1, channels)
+
+
+def conv3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(cin, cout, 3, stride=stride, padding=1)
+
+
+def zero_init(module: nn.Module) -> nn.Module:
+    for p in module.parameters():
+        nn.init.zeros_(p)
+    return module
+
+
+def normalize_latent(z: torch.Tensor, dim: int = -3) -> torch.Tensor:
+    """Each per-pixel latent vector to unit length: the latent's only regulariser (no KL, no VQ)."""
+    return z / z.norm(dim=dim, keepdim=True).clamp(min=1e-6)
+
+
+def sinusoid(t: torch.Tensor, dim: int) -> torch.Tensor:
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+    angles = t.float()[..., None] * freqs
+    return torch.cat([angles.sin(), angles.cos()], -1)
+
+
+class NoiseEmbedding(nn.Module):
+    """Sinusoidal features of t and s through one shared MLP, concatenated (2 * dim)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+        self.mlp = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+
+    def forward(self, t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.mlp(sinusoid(t, self.dim)), self.mlp(sinusoid(s, self.dim))], -1)
+
+
+class ResBlock(nn.Module):
+    """GroupNorm -> SiLU -> conv -> FiLM(emb) -> SiLU -> conv, plus skip; the second conv starts at zero."""
+
+    def __init__(self, cin: int, cout: int, emb_dim: int):
+        super().__init__()
+        self.norm1, self.conv1 = group_norm(cin), conv3(cin, cout)
+        self.film = nn.Linear(emb_dim, 2 * cout)
+        self.norm2, self.conv2 = group_norm(cout), zero_init(conv3(cout, cout))
+        self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        scale, shift = self.film(emb)[:, :, None, None].chunk(2, 1)
+        h = self.conv2(F.silu(self.norm2(h) * (1 + scale) + shift))
+        return self.skip(x) + h
+
+
+class SpatialAttention(nn.Module):
+    """Full self-attention over the pixels of one image (used at low resolution only)."""
+
+    def __init__(self, channels: int, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.norm = group_norm(channels)
+        self.qkv = nn.Conv2d(channels, 3 * channels, 1)
+        self.out = zero_init(nn.Conv2d(channels, channels, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        q, k, v = self.qkv(self.norm(x)).reshape(b, 3, self.heads, c // self.heads, h * w).transpose(-1, -2).unbind(1)
+        y = F.scaled_dot_product_attention(q, k, v)  # (b, heads, hw, d)
+        return x + self.out(y.transpose(-1, -2).reshape(b, c, h, w))
+
+
+class Encoder(nn.Module):
+    """Plain CNN: conv, then per stage [SiLU, conv, SiLU, stride-2 conv], then 1x1 to the latent channels."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        widths = cfg.encoder_channels
+        layers: list[nn.Module] = [conv3(3, widths[0])]
+        cin = widths[0]
+        for cout in widths:
+            layers += [nn.SiLU(), conv3(cin, cin), nn.SiLU(), conv3(cin, cout, stride=2)]
+            cin = cout
+        layers += [nn.SiLU(), nn.Conv2d(cin, cfg.latent_channels, 1)]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return normalize_latent(self.net(image))
+
+
+class Decoder(nn.Module):
+    """Consistency decoder: a small U-Net on the noisy image, conditioned on the latent.
+
+    The latent enters cheaply: nearest-upsampled and concatenated to the input, and added through
+    a 1x1 projection at every level (a light stand-in for the paper's ControlNet branch)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        base, mult, nb, lat = cfg.decoder_channels, cfg.decoder_mult, cfg.decoder_blocks, cfg.latent_channels
+        emb_dim = 2 * cfg.embed_dim
+        self.noise_embedding = NoiseEmbedding(cfg.embed_dim)
+        self.stem = conv3(3 + lat, base)
+        widths = [base * m for m in mult]
+        self.inject = nn.ModuleList(nn.Conv2d(lat, w, 1) for w in [base] + widths[:-1])
+        self.down, self.downsample = nn.ModuleList(), nn.ModuleList()
+        cin = base
+        for i, w in enumerate(widths):
+            self.down.append(nn.ModuleList(ResBlock(cin if j == 0 else w, w, emb_dim) for j in range(nb)))
+            cin = w
+            if i < len(widths) - 1:
+                self.downsample.append(conv3(w, w, stride=2))
+        self.mid1 = ResBlock(cin, cin, emb_dim)
+        self.mid_attention = SpatialAttention(cin) if cfg.decoder_attention else None
+        self.mid2 = ResBlock(cin, cin, emb_dim)
+        self.up, self.upsample = nn.ModuleList(), nn.ModuleList()
+        for i in reversed(range(len(widths))):
+            w = widths[i]
+            self.up.append(nn.ModuleList(ResBlock(cin + w if j == 0 else w, w, emb_dim) for j in range(nb)))
+            cin = w
+            if i > 0:
+                self.upsample.append(conv3(w, widths[i - 1]))
+                cin = widths[i - 1]
+        self.out_norm = group_norm(cin)
+        self.out = zero_init(conv3(cin, 3))
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, s: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
+        emb = self.noise_embedding(t, s)
+        size = x_t.shape[-2:]
+        h = self.stem(torch.cat([x_t, F.interpolate(latent, size=size, mode="nearest")], 1))
+        skips = []
+        for i, blocks in enumerate(self.down):
+            h = h + self.inject[i](F.interpolate(latent, size=h.shape[-2:], mode="nearest"))
+            for block in blocks:
+                h = block(h, emb)
+            skips.append(h)
+            if i < len(self.downsample):
+                h = self.downsample[i](h)
+        h = self.mid1(h, emb)
+        if self.mid_attention is not None:
+            h = self.mid_attention(h)
+        h = self.mid2(h, emb)
+        for i, blocks in enumerate(self.up):
+            h = torch.cat([h, skips.pop()], 1)
+            for block in blocks:
+                h = block(h, emb)
+            if i < len(self.upsample):
+                h = self.upsample[i](F.interpolate(h, scale_factor=2, mode="nearest"))
+        return self.out(F.silu(self.out_norm(h)))
+
+
+class TemporalAttention(nn.Module):
+    """Causal attention across frames at each pixel; frame i sees frames i-window..i.
+
+    A learned bias per head and frame distance replaces positional encodings, so a sliding key/value
+    cache gives exactly the same result as recomputing the whole sequence."""
+
+    def __init__(self, channels: int, heads: int, window: int):
+        super().__init__()
+        self.heads, self.window = heads, window
+        self.norm = group_norm(channels)
+        self.qkv = nn.Linear(channels, 3 * channels)
+        self.out = zero_init(nn.Linear(channels, channels))
+        self.distance_bias = nn.Parameter(torch.zeros(heads, window + 1))
+
+    def forward(self, x: torch.Tensor, frames: int, cache: dict | None = None, commit: int = 0) -> torch.Tensor:
+        """x: (B*F, C, h, w) holding F consecutive new frames per sequence. With a cache, the first
+        ``commit`` new frames' keys/values are appended to it (the last ``window`` kept)."""
+        bf, c, h, w = x.shape
+        b, d = bf // frames, c // self.heads
+        tokens = self.norm(x).reshape(b, frames, c, h * w).permute(0, 3, 1, 2).reshape(b * h * w, frames, c)
+        q, k, v = self.qkv(tokens).reshape(b * h * w, frames, 3, self.heads, d).permute(2, 0, 3, 1, 4)
+        past = 0
+        if cache is not None and "k" in cache:
+            past = cache["k"].shape[2]
+            k_all, v_all = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
+        else:
+            k_all, v_all = k, v
+        if cache is not None and commit:
+            cache["k"] = k_all[:, :, : past + commit][:, :, -self.window:]
+            cache["v"] = v_all[:, :, : past + commit][:, :, -self.window:]
+        query_pos = torch.arange(past, past + frames, device=x.device)[:, None]
+        key_pos = torch.arange(past + frames, device=x.device)[None, :]
+        distance = query_pos - key_pos
+        allowed = (distance >= 0) & (distance <= self.window)
+        bias = self.distance_bias[:, distance.clamp(0, self.window)].masked_fill(~allowed, float("-inf"))
+        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=bias.unsqueeze(0))
+        y = self.out(y.transpose(1, 2).reshape(b * h * w, frames, c))
+        y = y.reshape(b, h * w, frames, c).permute(0, 2, 3, 1).reshape(bf, c, h, w)
+        return x + y
+
+
+class Dynamics(nn.Module):
+    """Latent dynamics: per-frame res blocks at latent resolution (no resampling), each followed by
+    causal temporal attention; noise levels (t, s) and the frame's action drive FiLM in every block."""
+
+    def __init__(self, cfg: ModelConfig, action_dim: int):
+        super().__init__()
+        self.window = cfg.window
+        lat, widths = cfg.latent_channels, cfg.dynamics_channels
+        emb_dim = 2 * cfg.embed_dim + cfg.embed_dim
+        self.noise_embedding = NoiseEmbedding(cfg.embed_dim)
+        self.action_embedding = nn.Sequential(
+            nn.Linear(action_dim, cfg.embed_dim), nn.SiLU(), nn.Linear(cfg.embed_dim, cfg.action_hidden), nn.SiLU(),
+            nn.Linear(cfg.action_hidden, cfg.embed_dim))
+        self.stem = conv3(lat, widths[0])
+        self.blocks, self.attention = nn.ModuleList(), nn.ModuleList()
+        cin = widths[0]
+        for w in widths:
+            self.blocks.append(ResBlock(cin, w, emb_dim))
+            self.attention.append(TemporalAttention(w, cfg.dynamics_heads, cfg.window))
+            cin = w
+        self.spatial = SpatialAttention(cin, cfg.dynamics_heads) if cfg.dynamics_spatial_attention else None
+        self.out_norm = group_norm(cin + widths[0])
+        self.out = zero_init(conv3(cin + widths[0], lat))
+
+    def new_cache(self) -> list[dict]:
+        return [{} for _ in self.attention]
+
+    def forward(self, latents: torch.Tensor, t: torch.Tensor, s: torch.Tensor, actions: torch.Tensor,
+                cache: list[dict] | None = None, commit: int = 0) -> torch.Tensor:
+        b, f = latents.shape[:2]
+        emb = torch.cat([self.noise_embedding(t.flatten(), s.flatten()), self.action_embedding(actions.flatten(0, 1))], -1)
+        emb = F.silu(emb)
+        first = self.stem(latents.flatten(0, 1))
+        h = first
+        for i, (block, attention) in enumerate(zip(self.blocks, self.attention)):
+            h = attention(block(h, emb), f, None if cache is None else cache[i], commit)
+        if self.spatial is not None:
+            h = self.spatial(h)
+        h = self.out(F.silu(self.out_norm(torch.cat([h, first], 1))))
+        return h.reshape(b, f, *h.shape[1:])
+
+
+class JointHead(nn.Module):
+    """Joint positions (normalised) read off one latent: two stride-2 convs and an MLP."""
+
+    def __init__(self, cfg: ModelConfig, joint_dim: int):
+        super().__init__()
+        c = cfg.joint_head_channels
+        side = max(cfg.latent_size // 4, 1)
+        self.net = nn.Sequential(
+            conv3(cfg.latent_channels, c, stride=2), nn.SiLU(), conv3(c, c, stride=2), nn.SiLU(),
+            nn.AdaptiveAvgPool2d(side), nn.Flatten(), nn.Linear(c * side * side, cfg.joint_head_hidden), nn.SiLU(),
+            nn.Linear(cfg.joint_head_hidden, joint_dim))
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        return self.net(latent)
+
+
+class WorldModelNetwork(nn.Module):
+    """All weights of one world model, so that one state dict is one checkpoint."""
+
+    def __init__(self, cfg: ModelConfig, joint_dim: int):
+        super().__init__()
+        self.config, self.joint_dim = cfg, joint_dim
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
+        self.dynamics = Dynamics(cfg, joint_dim)
+        self.joint_head = JointHead(cfg, joint_dim)
+
+    def parameter_counts(self) -> dict[str, int]:
+        counts = {name: sum(p.numel() for p in m.parameters())
+                  for name, m in (("encoder", self.encoder), ("decoder", self.decoder),
+                                  ("dynamics", self.dynamics), ("joint_head", self.joint_head))}
+        counts["total"] = sum(counts.values())
+        return counts

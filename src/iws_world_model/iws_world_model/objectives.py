@@ -1,0 +1,100 @@
+"""The loss of each training stage, as one nn.Module so that DDP can wrap it.
+
+  1  encoder + decoder on reconstruction (consistency loss, uniform (t, s) mixed with inference jumps)
+  2  dynamics (+ joint head), autoencoder frozen: the next latent from K noisy-history latents
+  3  decoder fine-tuned on slightly noisy latents, on the inference jumps only
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import TrainConfig
+from .consistency import Schedule, consistency_loss, noise_like, sample_jump_times, sample_uniform_times
+from .networks import WorldModelNetwork, normalize_latent
+from .world_model import images_to_tensor
+
+TRAINED = {1: ("encoder", "decoder"), 2: ("dynamics", "joint_head"), 3: ("decoder",)}
+
+
+class StageObjective(nn.Module):
+    def __init__(self, network: WorldModelNetwork, stage: int, train: TrainConfig, normalization: dict):
+        super().__init__()
+        self.network, self.stage, self.train_cfg = network, stage, train
+        self.schedule = Schedule(network.config.timesteps)
+        for key in ("action_low", "action_high", "joint_mean", "joint_std"):
+            self.register_buffer(key, torch.tensor(normalization[key], dtype=torch.float32), persistent=False)
+        for name in ("encoder", "decoder", "dynamics", "joint_head"):
+            getattr(network, name).requires_grad_(name in TRAINED[stage])
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for name in TRAINED[self.stage] for p in getattr(self.network, name).parameters()]
+
+    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        return {1: self.autoencoder_loss, 2: self.dynamics_loss, 3: self.decoder_finetune_loss}[self.stage](batch)
+
+    def _images(self, batch) -> torch.Tensor:
+        return images_to_tensor(batch["images"], self.network.config.image_size, self.action_low.device)
+
+    def _decoder_loss(self, image, latent, t, s, w_t=None, w_s=None):
+        return consistency_loss(lambda x, tt, ss: self.network.decoder(x, tt, ss, torch.cat([latent, latent])),
+                                image, t, s, self.schedule, w_t, w_s)
+
+    def autoencoder_loss(self, batch) -> dict[str, torch.Tensor]:
+        image = self._images(batch).flatten(0, 1)
+        latent = self.network.encoder(image)
+        n, dev, T = image.shape[0], image.device, self.schedule.timesteps
+        jumps = int(round(n * self.train_cfg.terminal_fraction))
+        t_u, s_u = sample_uniform_times(n - jumps, T, dev)
+        t_j, s_j = sample_jump_times(jumps, (1, 2, 3), T, dev)
+        t, s = torch.cat([t_u, t_j]), torch.cat([s_u, s_j])
+        # min(SNR,5)/(SNR+1) for the uniform draws (the paper's stage 1); 1 for the inference jumps,
+        # whose SNR weight would be ~0 at t = 999.
+        is_jump = torch.arange(n, device=dev) >= n - jumps
+        w_t = torch.where(is_jump, 1.0, self.schedule.snr_weight(t))
+        w_s = torch.where(is_jump, 1.0, self.schedule.snr_weight(s))
+        return {"loss": self._decoder_loss(image, latent, t, s, w_t, w_s)}
+
+    def decoder_finetune_loss(self, batch) -> dict[str, torch.Tensor]:
+        image = self._images(batch).flatten(0, 1)
+        with torch.no_grad():
+            latent = self.network.encoder(image)
+            latent = normalize_latent(latent + self.train_cfg.stage3_latent_noise * torch.randn_like(latent))
+        t, s = sample_jump_times(image.shape[0], (1, 2, 3), self.schedule.timesteps, image.device)
+        return {"loss": self._decoder_loss(image, latent, t, s)}
+
+    def dynamics_loss(self, batch) -> dict[str, torch.Tensor]:
+        cfg = self.network.config
+        image = self._images(batch)                                   # (B, F, 3, S, S)
+        b, f = image.shape[:2]
+        with torch.no_grad():
+            latents = self.network.encoder(image.flatten(0, 1)).reshape(b, f, *self._latent_shape())
+        actions = (2 * (batch["actions"].float() - self.action_low) / (self.action_high - self.action_low) - 1).clamp(-1, 1)
+        history, target = latents[:, :-1], latents[:, -1]
+        top = self.schedule.timesteps - 1
+        if cfg.dynamics_objective == "consistency":
+            # History noise t = s in 1..99: the model learns to tolerate its own rollout errors.
+            level = torch.randint(1, cfg.history_noise_max + 1, (b, f - 1), device=image.device)
+            history = self.schedule.add_noise(history, level, noise_like(history))
+            t_target = torch.full((b, 1), top, device=image.device)
+            x_t = self.schedule.add_noise(target, t_target[:, 0], noise_like(target))
+            t = torch.cat([level, t_target], 1)
+            s = torch.cat([level, torch.zeros_like(t_target)], 1)
+        else:  # deterministic baseline: same network, plain regression, no noise anywhere
+            x_t = torch.zeros_like(target)
+            t = torch.zeros((b, f), dtype=torch.long, device=image.device)
+            t[:, -1] = top
+            s = torch.zeros_like(t)
+        v = self.network.dynamics(torch.cat([history, x_t[:, None]], 1), t, s, actions)[:, -1]
+        prediction = v if cfg.dynamics_objective == "mse" else self.schedule.x0_from_v(x_t, t[:, -1], v)
+        dynamics = F.mse_loss(prediction, target)
+        joints = (batch["joints"].float() - self.joint_mean) / self.joint_std
+        noisy = normalize_latent(latents + self.train_cfg.joint_latent_noise * torch.randn_like(latents))
+        joint = F.mse_loss(self.network.joint_head(noisy.flatten(0, 1)), joints.flatten(0, 1))
+        return {"loss": dynamics + self.train_cfg.joint_loss_weight * joint, "dynamics": dynamics.detach(),
+                "joint": joint.detach()}
+
+    def _latent_shape(self):
+        cfg = self.network.config
+        return (cfg.latent_channels, cfg.latent_size, cfg.latent_size)

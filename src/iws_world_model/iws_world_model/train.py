@@ -1,0 +1,281 @@
+"""`iws train`: train a world model from a cached dataset, in three stages, resumable.
+
+    iws train --config config/models/push_t.yaml --data data/push_t --out runs/push_t
+    iws train ... --resume                 # continue from OUT/train_state.pt
+    torchrun --nproc_per_node 4 -m iws_world_model.train ...   # DDP
+
+OUT holds the usable checkpoint (model.safetensors + config.json, rewritten every checkpoint),
+train_state.pt (optimizer, step, RNG) and tb/ (TensorBoard).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from tqdm import tqdm
+
+from iws_data.dataset import Dataset, DatasetError
+
+from . import checkpoint, start_windows
+from .config import ConfigError, ModelConfig, TrainConfig, load_config
+from .networks import WorldModelNetwork
+from .objectives import StageObjective
+
+STATE = "train_state.pt"
+
+
+class WindowData(torch.utils.data.Dataset):
+    """Windows of ``length`` consecutive frames of one episode; each frame carries the action that
+    produced it (the previous frame's command; an episode's first frame carries its own)."""
+
+    def __init__(self, dataset: Dataset, length: int, split: str = "train"):
+        self.dataset, self.length = dataset, length
+        self.starts = dataset.windows(length, split)
+        first = np.zeros(len(dataset), dtype=bool)
+        first[[e.start for e in dataset.episodes]] = True
+        self.producing_action = np.arange(len(dataset)) - 1 + first
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        frames = slice(int(self.starts[i]), int(self.starts[i]) + self.length)
+        d = self.dataset
+        return {"images": torch.from_numpy(np.array(d.images[frames])),
+                "actions": torch.from_numpy(np.array(d.actions[self.producing_action[frames]])),
+                "joints": torch.from_numpy(np.array(d.joint_positions[frames]))}
+
+
+def normalization_from(dataset: Dataset) -> dict:
+    """Action range (for [-1, 1]) and joint mean/std over the training episodes."""
+    frames = np.concatenate([np.arange(e.start, e.stop) for e in dataset.split("train")])
+    actions, joints = np.asarray(dataset.actions[frames]), np.asarray(dataset.joint_positions[frames])
+    low, high = actions.min(0), actions.max(0)
+    pad = np.maximum(1e-3 - (high - low), 0) / 2  # a constant joint still gets a finite range
+    return {"action_low": (low - pad).tolist(), "action_high": (high + pad).tolist(),
+            "joint_mean": joints.mean(0).tolist(), "joint_std": np.maximum(joints.std(0), 1e-3).tolist(),
+            "joint_names": dataset.joint_names}
+
+
+def dataset_info(dataset: Dataset) -> dict:
+    return {"path": str(dataset.root.resolve()), "frames": len(dataset), "episodes": len(dataset.episodes),
+            "image_size": list(dataset.image_size), "control_rate_hz": dataset.meta.get("control_rate_hz"),
+            "profile": dataset.meta.get("profile")}
+
+
+def batches(data: WindowData, batch_size: int, seed: int, rank: int, world: int, workers: int, device):
+    """Endless shuffled batches; epochs reshuffle (DistributedSampler shards across ranks)."""
+    epoch = 0
+    while True:
+        if world > 1:
+            sampler = DistributedSampler(data, world, rank, shuffle=True, seed=seed, drop_last=True)
+            sampler.set_epoch(epoch)
+        else:
+            sampler = RandomSampler(data, generator=torch.Generator().manual_seed(seed * 100003 + epoch))
+        loader = DataLoader(data, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                            drop_last=len(data) >= batch_size * world, pin_memory=device.type == "cuda")
+        for batch in loader:
+            yield {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        epoch += 1
+
+
+class Trainer:
+    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Dataset, out: Path, device,
+                 rank: int = 0, world: int = 1):
+        self.model_cfg, self.train_cfg, self.dataset, self.out = model_cfg, train_cfg, dataset, out
+        self.device, self.rank, self.world = device, rank, world
+        self.network = WorldModelNetwork(model_cfg, len(dataset.joint_names)).to(device)
+        self.normalization = normalization_from(dataset)
+        self.completed: list[int] = []
+        self.stats: dict = {}      # per stage: steps, loss_first, loss_last, seconds (goes into config.json)
+        self.losses: dict = {}     # per stage: loss history (train_state.pt only)
+        self.writer = None
+        if rank == 0:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(str(out / "tb"))
+
+    # checkpoints --------------------------------------------------------------------------------
+    def load_weights(self, directory: Path) -> None:
+        network, meta = checkpoint.load(directory, self.device)
+        if meta["model"] != dataclasses.asdict(self.model_cfg):
+            raise checkpoint.CheckpointError(f"{directory / checkpoint.CONFIG}: model differs from the --config model")
+        self.network.load_state_dict(network.state_dict())
+        self.normalization = meta["normalization"]
+        self.stats = meta.get("training", {}).get("stages", {})
+        self.completed = list(meta.get("training", {}).get("completed", []))
+
+    def save(self, stage: int, step: int, optimizer, scheduler) -> None:
+        if self.rank != 0:
+            return
+        training = {"completed": self.completed, "stages": self.stats, "current": {"stage": stage, "step": step}}
+        checkpoint.save(self.out, self.network, self.normalization, dataset_info(self.dataset), training)
+        if not (self.out / start_windows.FILENAME).exists():  # so a shipped model starts without its dataset
+            windows = start_windows.windows_from_dataset(self.dataset, self.model_cfg.window, count=8)
+            start_windows.save_start_windows(self.out, windows)
+        state = {"stage": stage, "step": step, "completed": self.completed, "stats": self.stats, "losses": self.losses,
+                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                 "torch_rng": torch.get_rng_state(), "normalization": self.normalization}
+        torch.save(state, self.out / (STATE + ".partial"))
+        os.replace(self.out / (STATE + ".partial"), self.out / STATE)
+
+    # one stage ----------------------------------------------------------------------------------
+    def run_stage(self, stage: int, steps: int, resume_state: dict | None = None) -> None:
+        scfg = getattr(self.train_cfg, f"stage{stage}")
+        objective = StageObjective(self.network, stage, self.train_cfg, self.normalization).to(self.device)
+        optimizer = torch.optim.AdamW(objective.trainable_parameters(), lr=scfg.lr,
+                                      weight_decay=self.train_cfg.weight_decay)
+        warmup = max(scfg.warmup, 1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup))
+        start = 0
+        if resume_state is not None and resume_state["stage"] == stage:
+            optimizer.load_state_dict(resume_state["optimizer"])
+            scheduler.load_state_dict(resume_state["scheduler"])
+            start = resume_state["step"]
+        model = objective
+        if self.world > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids)
+        length = self.model_cfg.window + 1 if stage == 2 else 1
+        data = WindowData(self.dataset, length, "train")
+        if len(data) == 0:
+            raise DatasetError(f"{self.dataset.root}: no training window of {length} frames for stage {stage}")
+        stream = batches(data, scfg.batch_size, self.train_cfg.seed + start, self.rank, self.world,
+                         self.train_cfg.num_workers, self.device)
+        if start == 0:  # a fresh (or repeated) stage starts fresh statistics
+            self.stats.pop(str(stage), None)
+            self.losses[str(stage)] = {}
+        losses = self.losses.setdefault(str(stage), {})
+        began = time.time()
+        bar = tqdm(range(start, steps), initial=start, total=steps, desc=f"stage {stage}", disable=self.rank != 0,
+                   dynamic_ncols=True, file=sys.stderr)
+        objective.train()
+        for step in bar:
+            terms = model(next(stream))
+            optimizer.zero_grad(set_to_none=True)
+            terms["loss"].backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(objective.trainable_parameters(), self.train_cfg.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            loss = float(terms["loss"].detach())
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"stage {stage} step {step}: loss is {loss}")
+            for k, v in terms.items():
+                losses.setdefault(k, []).append(float(v.detach()))
+            if self.rank == 0 and (step % self.train_cfg.log_every == 0 or step == steps - 1):
+                bar.set_postfix({k: f"{float(v.detach()):.4f}" for k, v in terms.items()})
+                for k, v in terms.items():
+                    self.writer.add_scalar(f"stage{stage}/{k}", float(v.detach()), step)
+                self.writer.add_scalar(f"stage{stage}/grad_norm", float(grad_norm), step)
+                self.writer.add_scalar(f"stage{stage}/lr", scheduler.get_last_lr()[0], step)
+            done = step + 1
+            if done < steps and done % self.train_cfg.checkpoint_every == 0:
+                self._summarise(stage, done, began)
+                began = time.time()
+                self.save(stage, done, optimizer, scheduler)
+        bar.close()
+        if steps > start:
+            self._summarise(stage, steps, began)
+        if stage not in self.completed:
+            self.completed.append(stage)
+        self.save(stage, steps, optimizer, scheduler)
+
+    def _summarise(self, stage: int, done: int, began: float) -> None:
+        """First/last ten-step means of every loss term, for config.json and the tests."""
+        stats = self.stats.setdefault(str(stage), {})
+        for term, history in self.losses[str(stage)].items():
+            if f"{term}_first" not in stats or stats.get("steps", 0) < 10:
+                stats[f"{term}_first"] = float(np.mean(history[:10]))
+            stats[f"{term}_last"] = float(np.mean(history[-10:]))
+            del history[10:-1000]  # the first ten and the last thousand are enough to judge progress
+        stats.update(steps=done, seconds=round(stats.get("seconds", 0.0) + time.time() - began, 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="iws train", description="train a world model from a cached dataset")
+    p.add_argument("--config", required=True, help="config/models/NAME.yaml")
+    p.add_argument("--data", required=True, help="cached dataset directory (iws dataset build)")
+    p.add_argument("--out", required=True, help="run directory, e.g. runs/NAME")
+    p.add_argument("--stage", default="all", choices=("all", "1", "2", "3"))
+    p.add_argument("--steps", type=int, default=None, help="override the steps of each selected stage")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--seed", type=int, default=None, help="override train.seed")
+    args = p.parse_args(argv)
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if args.device:
+        device = torch.device(args.device)
+    elif torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        device = torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        model_cfg, train_cfg = load_config(args.config)
+        if args.seed is not None:
+            train_cfg.seed = args.seed
+        dataset = Dataset(args.data)
+        out = Path(args.out)
+        plan = [1, 2, 3] if args.stage == "all" else [int(args.stage)]
+        if args.steps is not None:
+            for stage in plan:
+                getattr(train_cfg, f"stage{stage}").steps = args.steps
+        torch.manual_seed(train_cfg.seed + rank)
+        np.random.seed(train_cfg.seed + rank)
+        out.mkdir(parents=True, exist_ok=True)
+        trainer = Trainer(model_cfg, train_cfg, dataset, out, device, rank, world)
+        resume_state = None
+        if args.resume:
+            if not (out / STATE).is_file():
+                raise checkpoint.CheckpointError(f"{out / STATE}: nothing to resume from")
+            trainer.load_weights(out)
+            resume_state = torch.load(out / STATE, map_location="cpu", weights_only=False)
+            trainer.completed, trainer.stats = resume_state["completed"], resume_state["stats"]
+            trainer.losses = resume_state["losses"]
+            torch.set_rng_state(resume_state["torch_rng"])
+        elif plan[0] == 1 and (out / checkpoint.WEIGHTS).exists():
+            raise checkpoint.CheckpointError(f"{out}: already holds a checkpoint; pass --resume, "
+                                             "--stage 2/3 to train later stages on it, or choose a new --out")
+        elif plan[0] > 1:
+            trainer.load_weights(out)  # stages 2 and 3 build on the autoencoder of stage 1
+        if rank == 0:
+            counts = trainer.network.parameter_counts()
+            print(f"iws train: {device}, {world} process(es), {counts['total'] / 1e6:.2f} M parameters "
+                  f"({', '.join(f'{k} {v / 1e6:.2f} M' for k, v in counts.items() if k != 'total')}), "
+                  f"{len(dataset)} frames", file=sys.stderr)
+        for stage in plan:
+            steps = getattr(train_cfg, f"stage{stage}").steps
+            state = resume_state if resume_state is not None and resume_state["stage"] == stage else None
+            if args.resume and stage in trainer.completed and (state is None or state["step"] >= steps):
+                continue  # finished before the interruption
+            trainer.run_stage(stage, steps, state)
+        if rank == 0:
+            trainer.writer.close()
+            print(f"iws train: checkpoint in {out}", file=sys.stderr)
+    except (ConfigError, DatasetError, checkpoint.CheckpointError) as exc:
+        print(f"iws train: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

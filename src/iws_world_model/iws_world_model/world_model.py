@@ -1,0 +1,209 @@
+"""The one session API over a trained world model; the ROS node, eval and benchmarks all use it.
+
+    world = WorldModel.load("runs/push_t", device="cpu", threads=2)
+    world.reset(images, joint_positions, actions, seed=0)   # (K,H,W,3) uint8, (K,J), (K,J)
+    image, joints = world.step(action)                      # (S,S,3) uint8, (J,) float
+
+``actions[i]`` follows the dataset: the command in force at frame i, applied from frame i to i+1.
+``step(a)`` is the frame that command ``a`` produces from the latest frame. Leading batch
+dimension (N worlds) on every argument gives N parallel worlds with the same calls.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import checkpoint
+from .config import ModelConfig
+from .consistency import EPS_CLAMP, Schedule, decode_times, sample
+from .networks import WorldModelNetwork, normalize_latent
+
+
+def images_to_tensor(images: np.ndarray | torch.Tensor, size: int, device) -> torch.Tensor:
+    """uint8 (..., H, W, 3) -> float (..., 3, size, size) in [-1, 1], area-resized."""
+    if not isinstance(images, torch.Tensor):
+        images = np.asarray(images)
+        images = torch.from_numpy(images if images.flags.writeable else images.copy())
+    x = images.to(device)
+    lead = x.shape[:-3]
+    x = x.reshape(-1, *x.shape[-3:]).permute(0, 3, 1, 2).float().div_(127.5).sub_(1)
+    if x.shape[-2:] != (size, size):
+        x = F.interpolate(x, size=(size, size), mode="area")
+    return x.reshape(*lead, 3, size, size)
+
+
+def tensor_to_images(x: torch.Tensor) -> np.ndarray:
+    """float (..., 3, H, W) in [-1, 1] -> uint8 (..., H, W, 3)."""
+    return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).movedim(-3, -1).cpu().numpy()
+
+
+def upscale(image: np.ndarray, height: int, width: int | None = None) -> np.ndarray:
+    """Model-resolution uint8 image(s) (..., h, w, 3) -> camera resolution, bilinear."""
+    x = torch.from_numpy(np.ascontiguousarray(image))
+    lead = x.shape[:-3]
+    x = x.reshape(-1, *x.shape[-3:]).permute(0, 3, 1, 2).float()
+    x = F.interpolate(x, size=(height, width or height), mode="bilinear", align_corners=False)
+    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).reshape(*lead, height, width or height, 3).numpy()
+
+
+class WorldModel:
+    def __init__(self, network: WorldModelNetwork, normalization: dict, meta: dict | None = None,
+                 device: str | torch.device = "cpu", decode_steps: int | None = None, streaming: bool | None = None):
+        self.device = torch.device(device)
+        self.network = network.to(self.device).eval()
+        self.config: ModelConfig = network.config
+        self.meta = meta or {}
+        self.schedule = Schedule(self.config.timesteps)
+        f = lambda key: torch.tensor(normalization[key], dtype=torch.float32, device=self.device)
+        self.action_low, self.action_high = f("action_low"), f("action_high")
+        self.joint_mean, self.joint_std = f("joint_mean"), f("joint_std")
+        self.joint_names = list(normalization.get("joint_names", []))
+        self.decode_steps = decode_steps or self.config.decode_steps
+        self.streaming = self.config.streaming if streaming is None else streaming
+        self._batched = False
+        self._generator = torch.Generator(self.device)
+        self.latent: torch.Tensor | None = None
+
+    # construction ---------------------------------------------------------------------------
+    @classmethod
+    def load(cls, ckpt_dir: str | Path, device: str = "cpu", threads: int | None = None, **kwargs) -> "WorldModel":
+        if threads:
+            torch.set_num_threads(threads)
+        network, meta = checkpoint.load(ckpt_dir, device)
+        return cls(network, meta["normalization"], meta, device, **kwargs)
+
+    @classmethod
+    def untrained(cls, cfg: ModelConfig, joint_dim: int, device: str = "cpu", seed: int = 0, **kwargs) -> "WorldModel":
+        """Random weights and unit normalisation: for timing and tests."""
+        torch.manual_seed(seed)
+        norm = {"action_low": [-1.0] * joint_dim, "action_high": [1.0] * joint_dim,
+                "joint_mean": [0.0] * joint_dim, "joint_std": [1.0] * joint_dim}
+        return cls(WorldModelNetwork(cfg, joint_dim), norm, {}, device, **kwargs)
+
+    @property
+    def image_size(self) -> int:
+        return self.config.image_size
+
+    @property
+    def joint_dim(self) -> int:
+        return self.network.joint_dim
+
+    # normalisation ----------------------------------------------------------------------------
+    def normalize_actions(self, actions) -> torch.Tensor:
+        a = torch.from_numpy(np.array(actions, dtype=np.float32)).to(self.device)  # a copy: inputs may be read-only mmaps
+        return (2 * (a - self.action_low) / (self.action_high - self.action_low) - 1).clamp(-1, 1)
+
+    def joints_from_latent(self, latent: torch.Tensor) -> torch.Tensor:
+        return self.network.joint_head(latent) * self.joint_std + self.joint_mean
+
+    # building blocks eval can reuse -----------------------------------------------------------
+    @torch.inference_mode()
+    def encode(self, images) -> torch.Tensor:
+        """uint8 (..., H, W, 3) -> latents (..., L, h, w)."""
+        x = images_to_tensor(images, self.image_size, self.device)
+        return self.network.encoder(x.reshape(-1, *x.shape[-3:])).reshape(*x.shape[:-3], *self._latent_shape)
+
+    @torch.inference_mode()
+    def decode(self, latent: torch.Tensor, steps: int | None = None) -> torch.Tensor:
+        """latents (N, L, h, w) -> images (N, 3, S, S) in [-1, 1]."""
+        n = latent.shape[0]
+        noise = torch.randn((n, 3, self.image_size, self.image_size), generator=self._generator,
+                            device=self.device).clamp_(-EPS_CLAMP, EPS_CLAMP)
+        times = decode_times(steps or self.decode_steps, self.config.timesteps)
+        return sample(lambda x, t, s: self.network.decoder(x, t, s, latent), noise, times, self.schedule)
+
+    @property
+    def _latent_shape(self) -> tuple[int, int, int]:
+        side = self.config.latent_size
+        return (self.config.latent_channels, side, side)
+
+    def _history_label(self) -> int:
+        return self.config.history_level if self.config.dynamics_objective == "consistency" else 0
+
+    def _labels(self, n: int, frames: int, level: int) -> torch.Tensor:
+        return torch.full((n, frames), level, dtype=torch.long, device=self.device)
+
+    def _predict(self, frames: torch.Tensor, actions: torch.Tensor, t: torch.Tensor, commit: int) -> torch.Tensor:
+        """Run the dynamics on ``frames`` whose last one is the target; returns the new latent (N, L, h, w)."""
+        s = t.clone()
+        s[:, -1] = 0
+        v = self.network.dynamics(frames, t, s, actions, self._cache if self.streaming else None, commit)[:, -1]
+        if self.config.dynamics_objective == "mse":
+            return normalize_latent(v)
+        top = t[:, -1]
+        return normalize_latent(self.schedule.x0_from_v(frames[:, -1], top, v))
+
+    def _target_frame(self, n: int) -> torch.Tensor:
+        shape = (n, 1, *self._latent_shape)
+        if self.config.dynamics_objective == "mse":
+            return torch.zeros(shape, device=self.device)
+        return torch.randn(shape, generator=self._generator, device=self.device).clamp_(-EPS_CLAMP, EPS_CLAMP)
+
+    # the session ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def reset(self, images, joint_positions, actions, seed: int | None = None) -> None:
+        """Start (N) rollout(s) from K observed frames; K >= 1, usually the config's window."""
+        images = np.asarray(images)
+        self._batched = images.ndim == 5
+        if images.ndim not in (4, 5) or images.shape[-1] != 3:
+            raise ValueError(f"images must be (K,H,W,3) or (N,K,H,W,3) uint8, got {images.shape}")
+        if not self._batched:
+            images, joint_positions, actions = images[None], np.asarray(joint_positions)[None], np.asarray(actions)[None]
+        n, k = images.shape[:2]
+        joint_positions, actions = np.asarray(joint_positions, np.float32), np.asarray(actions, np.float32)
+        if joint_positions.shape != (n, k, self.joint_dim) or actions.shape != (n, k, self.joint_dim):
+            raise ValueError(f"joint_positions and actions must be {(n, k, self.joint_dim)[1 - self._batched:]}, "
+                             f"got {joint_positions.shape[1 - self._batched:]} and {actions.shape[1 - self._batched:]}")
+        self._generator.manual_seed(random.randrange(2**63) if seed is None else seed)
+        latents = self.encode(images)                                     # (N, K, L, h, w)
+        a = self.normalize_actions(actions)
+        leading = torch.cat([a[:, :1], a[:, :-1]], 1)                     # frame i was produced by a[i-1]
+        self.joint_positions = torch.from_numpy(joint_positions[:, -1].copy()).to(self.device)
+        self.latent = latents[:, -1]
+        window = self.config.window
+        if self.streaming:
+            self._cache = self.network.dynamics.new_cache()
+            self.network.dynamics(latents, self._labels(n, k, self._history_label()),
+                                  self._labels(n, k, self._history_label()), leading, self._cache, commit=k)
+            self._pending = None
+        else:
+            self._history, self._history_actions = latents[:, -window:], leading[:, -window:]
+
+    @torch.inference_mode()
+    def step(self, action):
+        """Advance every world by one control step; returns (image uint8, joints float32)."""
+        if self.latent is None:
+            raise RuntimeError("call reset() before step()")
+        a = self.normalize_actions(action)
+        a = a if self._batched else a[None]
+        n = a.shape[0]
+        target = self._target_frame(n)
+        top = self.config.timesteps - 1
+        hist = self._history_label()
+        if self.streaming:
+            if self._pending is None:
+                frames, actions, t, commit = target, a[:, None], self._labels(n, 1, top), 0
+            else:
+                frames = torch.cat([self._pending[:, None], target], 1)
+                actions = torch.stack([self._pending_action, a], 1)
+                t = torch.cat([self._labels(n, 1, hist), self._labels(n, 1, top)], 1)
+                commit = 1
+            latent = self._predict(frames, actions, t, commit)
+            self._pending, self._pending_action = latent, a
+        else:
+            frames = torch.cat([self._history, target], 1)
+            actions = torch.cat([self._history_actions, a[:, None]], 1)
+            t = torch.cat([self._labels(n, frames.shape[1] - 1, hist), self._labels(n, 1, top)], 1)
+            latent = self._predict(frames, actions, t, 0)
+            window = self.config.window
+            self._history = torch.cat([self._history, latent[:, None]], 1)[:, -window:]
+            self._history_actions = torch.cat([self._history_actions, a[:, None]], 1)[:, -window:]
+        self.latent = latent
+        image = tensor_to_images(self.decode(latent))
+        joints = self.joints_from_latent(latent).cpu().numpy()
+        self.joint_positions = torch.as_tensor(joints, device=self.device)
+        return (image, joints) if self._batched else (image[0], joints[0])

@@ -1,0 +1,279 @@
+"""The world model's ML core on a tiny config and a tiny synthetic dataset (a square the action moves)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from iws_data.dataset import Dataset, DatasetWriter
+from iws_world_model import bench, checkpoint, train
+from iws_world_model.checkpoint import CheckpointError
+from iws_world_model.config import ConfigError, load_config
+from iws_world_model.consistency import Schedule, decode_times
+from iws_world_model.networks import WorldModelNetwork
+from iws_world_model.world_model import WorldModel, upscale
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "config/models/tiny.yaml"
+CAMERA = 48  # camera resolution of the synthetic dataset; the tiny model runs at 32
+
+
+def make_dataset(root: Path, episodes: int = 4, length: int = 24, seed: int = 0) -> Path:
+    """A red square on a dark table; the action is the square's target position, reached 70% per step."""
+    rng = np.random.default_rng(seed)
+    writer = DatasetWriter(root, (CAMERA, CAMERA), ["x_joint", "y_joint"], episodes * length,
+                           meta={"control_rate_hz": 10.0, "profile": "synthetic"})
+    for e in range(episodes):
+        pos = rng.uniform(0.2, 0.8, 2)
+        images, joints, actions = [], [], []
+        for _ in range(length):
+            action = np.clip(pos + rng.normal(0, 0.08, 2), 0.1, 0.9)
+            image = np.full((CAMERA, CAMERA, 3), 30, np.uint8)
+            cx, cy = (pos * CAMERA).astype(int)
+            image[max(cy - 5, 0):cy + 5, max(cx - 5, 0):cx + 5] = (230, 60, 40)
+            images.append(image), joints.append(pos.copy()), actions.append(action)
+            pos = pos + 0.7 * (action - pos)
+        writer.add_episode(np.stack(images), np.array(joints, np.float32), np.array(actions, np.float32),
+                           np.arange(length) / 10.0, "val" if e == episodes - 1 else "train")
+    return writer.close()
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("data") / "square")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, dataset_dir) -> Path:
+    """All three stages of the tiny config (40 + 40 + 10 steps, a few seconds)."""
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    assert train.main(["--config", str(TINY), "--data", str(dataset_dir), "--out", str(out), "--device", "cpu"]) == 0
+    return out
+
+
+def episode_start(dataset_dir: Path, k: int):
+    ep = Dataset(dataset_dir).episode(0)
+    return ep["images"][:k], ep["joint_positions"][:k], ep["actions"][:k], ep["actions"][k - 1:]
+
+
+def rollout(world: WorldModel, dataset_dir: Path, seed: int, steps: int = 4):
+    images, joints, actions, future = episode_start(dataset_dir, world.config.window)
+    world.reset(images, joints, actions, seed=seed)
+    return [world.step(a) for a in future[:steps]]
+
+
+# training --------------------------------------------------------------------------------------
+def test_training_writes_checkpoint_and_losses_fall(run_dir):
+    meta = json.loads((run_dir / "config.json").read_text())
+    stages = meta["training"]["stages"]
+    assert meta["training"]["completed"] == [1, 2, 3]
+    assert stages["1"]["steps"] == 40 and stages["2"]["steps"] == 40
+    assert stages["1"]["loss_last"] < 0.8 * stages["1"]["loss_first"], stages["1"]
+    assert stages["2"]["dynamics_last"] < 0.5 * stages["2"]["dynamics_first"], stages["2"]
+    norm = meta["normalization"]
+    assert norm["joint_names"] == ["x_joint", "y_joint"]
+    assert all(lo < hi for lo, hi in zip(norm["action_low"], norm["action_high"]))
+    assert meta["dataset"]["image_size"] == [CAMERA, CAMERA]
+    assert any((run_dir / "tb").iterdir())
+    with np.load(run_dir / "start_windows.npz") as windows:
+        assert windows["images"].shape[1:] == (3, CAMERA, CAMERA, 3)  # K = window frames at camera size
+
+
+def test_resume_continues_from_saved_step(tmp_path, dataset_dir, monkeypatch):
+    out = tmp_path / "run"
+    args = ["--config", str(TINY), "--data", str(dataset_dir), "--out", str(out), "--stage", "1", "--device", "cpu"]
+    calls = {"n": 0}
+    original = train.StageObjective.forward
+
+    def interrupted(self, batch):
+        calls["n"] += 1
+        if calls["n"] > 25:  # after the checkpoint at step 20
+            raise KeyboardInterrupt
+        return original(self, batch)
+
+    monkeypatch.setattr(train.StageObjective, "forward", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(args + ["--steps", "30"])
+    state = torch.load(out / train.STATE, weights_only=False)
+    assert state["stage"] == 1 and state["step"] == 20
+    monkeypatch.setattr(train.StageObjective, "forward", original)
+    assert train.main(args + ["--steps", "30"]) == 2  # refuses to overwrite without --resume
+    calls["n"] = 0
+    monkeypatch.setattr(train.StageObjective, "forward", lambda self, b: (calls.__setitem__("n", calls["n"] + 1), original(self, b))[1])
+    assert train.main(args + ["--steps", "30", "--resume"]) == 0
+    assert calls["n"] == 10  # only the remaining steps ran
+    state = torch.load(out / train.STATE, weights_only=False)
+    assert state["step"] == 30 and state["completed"] == [1]
+    assert state["optimizer"]["state"][0]["step"] == 30
+    assert json.loads((out / "config.json").read_text())["training"]["stages"]["1"]["steps"] == 30
+
+
+def test_mse_baseline_trains_and_rolls_out(tmp_path, dataset_dir):
+    text = TINY.read_text().replace("decode_steps: 1", "decode_steps: 1\n  dynamics_objective: mse")
+    cfg = tmp_path / "tiny_mse.yaml"
+    cfg.write_text(text)
+    out = tmp_path / "mse"
+    assert train.main(["--config", str(cfg), "--data", str(dataset_dir), "--out", str(out), "--steps", "5",
+                       "--device", "cpu"]) == 0
+    world = WorldModel.load(out)
+    assert world.config.dynamics_objective == "mse"
+    a, b = rollout(world, dataset_dir, seed=1), rollout(world, dataset_dir, seed=2)
+    assert a[0][0].shape == (32, 32, 3)
+    np.testing.assert_array_equal(a[-1][1], b[-1][1])  # deterministic dynamics: the seed moves nothing
+
+
+# checkpoints -----------------------------------------------------------------------------------
+def test_checkpoint_round_trip_gives_identical_outputs(run_dir, dataset_dir, tmp_path):
+    first = WorldModel.load(run_dir, threads=1)
+    copy = checkpoint.save(tmp_path / "copy", first.network, first.meta["normalization"])
+    second = WorldModel.load(copy, threads=1)
+    for (k, v), (k2, v2) in zip(first.network.state_dict().items(), second.network.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+    for (ia, ja), (ib, jb) in zip(rollout(first, dataset_dir, 5), rollout(second, dataset_dir, 5)):
+        np.testing.assert_array_equal(ia, ib)
+        np.testing.assert_array_equal(ja, jb)
+
+
+def test_same_seed_same_rollout_different_seed_differs(run_dir, dataset_dir):
+    world = WorldModel.load(run_dir)
+    a, b, c = (rollout(world, dataset_dir, seed) for seed in (7, 7, 8))
+    for (ia, ja), (ib, jb) in zip(a, b):
+        np.testing.assert_array_equal(ia, ib)
+        np.testing.assert_array_equal(ja, jb)
+    reloaded = WorldModel.load(run_dir)
+    d = rollout(reloaded, dataset_dir, 7)
+    np.testing.assert_array_equal(a[-1][0], d[-1][0])
+    world.reset(*episode_start(dataset_dir, 3)[:3], seed=8)
+    world.step(episode_start(dataset_dir, 3)[3][0])
+    latent_8 = world.latent.clone()
+    world.reset(*episode_start(dataset_dir, 3)[:3], seed=7)
+    world.step(episode_start(dataset_dir, 3)[3][0])
+    assert not torch.equal(latent_8, world.latent)
+
+
+def test_truncated_checkpoint_raises_clear_error(run_dir, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(run_dir, bad, ignore=shutil.ignore_patterns("tb", "*.pt"))
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors.*(corrupt|truncated)"):
+        WorldModel.load(bad)
+
+
+def test_mismatched_checkpoint_raises_clear_error(run_dir, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(run_dir, bad, ignore=shutil.ignore_patterns("tb", "*.pt"))
+    meta = json.loads((bad / "config.json").read_text())
+    meta["model"]["decoder_channels"] = 16
+    (bad / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: weights do not match.*shape"):
+        WorldModel.load(bad)
+
+
+def test_missing_and_corrupt_files_raise_clear_errors(run_dir, tmp_path):
+    with pytest.raises(CheckpointError, match="no such checkpoint directory"):
+        WorldModel.load(tmp_path / "nowhere")
+    bad = tmp_path / "bad"
+    shutil.copytree(run_dir, bad, ignore=shutil.ignore_patterns("tb", "*.pt"))
+    (bad / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: missing"):
+        WorldModel.load(bad)
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"config\.json: corrupt JSON"):
+        WorldModel.load(bad)
+
+
+# contracts -------------------------------------------------------------------------------------
+def test_network_shapes_and_dtypes():
+    cfg, _ = load_config(TINY)
+    net = WorldModelNetwork(cfg, joint_dim=2)
+    s, lat, side = cfg.image_size, cfg.latent_channels, cfg.latent_size
+    image = torch.rand(3, 3, s, s) * 2 - 1
+    latent = net.encoder(image)
+    assert latent.shape == (3, lat, side, side) and latent.dtype == torch.float32
+    torch.testing.assert_close(latent.norm(dim=1), torch.ones(3, side, side))
+    t, z = torch.full((3,), 999), torch.zeros(3, dtype=torch.long)
+    assert net.decoder(image, t, z, latent).shape == (3, 3, s, s)
+    frames = torch.randn(2, 4, lat, side, side)
+    v = net.dynamics(frames, torch.full((2, 4), 15), torch.full((2, 4), 15), torch.rand(2, 4, 2))
+    assert v.shape == frames.shape and v.dtype == torch.float32
+    assert net.joint_head(latent).shape == (3, 2)
+
+
+def test_world_model_step_contract_single_and_batched(run_dir, dataset_dir):
+    world = WorldModel.load(run_dir)
+    images, joints, actions, future = episode_start(dataset_dir, 3)
+    world.reset(images, joints, actions, seed=0)
+    image, joint = world.step(future[0])
+    assert image.shape == (32, 32, 3) and image.dtype == np.uint8
+    assert joint.shape == (2,) and joint.dtype == np.float32
+    assert upscale(image, CAMERA).shape == (CAMERA, CAMERA, 3)
+    world.decode_steps = 3
+    world.reset(np.stack([images, images]), np.stack([joints, joints]), np.stack([actions, actions]), seed=0)
+    image, joint = world.step(np.stack([future[0], future[1]]))
+    assert image.shape == (2, 32, 32, 3) and joint.shape == (2, 2)
+    with pytest.raises(ValueError, match="joint_positions and actions"):
+        world.reset(images, joints[:, :1], actions)
+
+
+def test_consistency_schedule_and_jump():
+    sched = Schedule()
+    ab = sched.alpha_bar
+    assert abs(float(ab[0]) - 0.9997) < 1e-3 and abs(float(ab[99]) - 0.961) < 2e-3 and float(ab[999]) < 1e-6
+    assert decode_times(3) == [999, 666, 333, 0] and decode_times(1) == [999, 0]
+    x, x0 = torch.randn(2, 4), torch.randn(2, 4)
+    t = torch.tensor([500, 500])
+    torch.testing.assert_close(sched.jump(x, t, t, x0), x)
+    torch.testing.assert_close(sched.jump(x, t, torch.zeros_like(t), x0), x0)
+
+
+def test_streaming_cache_equals_full_recompute():
+    cfg, _ = load_config(TINY)
+    net = WorldModelNetwork(cfg, joint_dim=2).eval()
+    torch.manual_seed(0)
+    for p in net.dynamics.parameters():  # zero-initialised outputs would make attention invisible
+        torch.nn.init.normal_(p, std=0.1)
+    k, total = cfg.window, cfg.window + 6
+    lat = torch.randn(2, total, cfg.latent_channels, cfg.latent_size, cfg.latent_size)
+    t, a = torch.randint(0, 999, (2, total)), torch.rand(2, total, 2)
+    with torch.no_grad():
+        full = net.dynamics(lat, t, t, a)  # whole sequence, each frame sees the `window` before it
+        cache = net.dynamics.new_cache()
+        parts = [net.dynamics(lat[:, :k], t[:, :k], t[:, :k], a[:, :k], cache, commit=k)]
+        for i in range(k, total):
+            parts.append(net.dynamics(lat[:, i:i + 1], t[:, i:i + 1], t[:, i:i + 1], a[:, i:i + 1], cache, commit=1))
+        assert cache[0]["k"].shape[2] == k  # the cache slides: never more than the window
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_streaming_world_matches_window_recompute_on_first_step(run_dir, dataset_dir):
+    streaming = WorldModel.load(run_dir, streaming=True)
+    recompute = WorldModel.load(run_dir, streaming=False)
+    (image_a, _), (image_b, _) = rollout(streaming, dataset_dir, 3, steps=1)[0], rollout(recompute, dataset_dir, 3, steps=1)[0]
+    torch.testing.assert_close(streaming.latent, recompute.latent, atol=1e-5, rtol=1e-5)
+    assert np.abs(image_a.astype(int) - image_b.astype(int)).max() <= 1
+
+
+# config and bench ------------------------------------------------------------------------------
+def test_config_errors_name_the_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  image_size: 64\n  decoder_chanels: 16\n")
+    with pytest.raises(ConfigError, match="decoder_chanels"):
+        load_config(bad)
+    bad.write_text("model:\n  decode_steps: 5\n")
+    with pytest.raises(ConfigError, match="decode_steps"):
+        load_config(bad)
+    for name in ("push_t", "paper_128", "tiny"):
+        load_config(ROOT / f"config/models/{name}.yaml")
+
+
+def test_bench_prints_json(run_dir, capsys):
+    assert bench.main(["--model", str(run_dir), "--json", "--steps", "5", "--warmup", "1", "--threads", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"fps", "ms_p50", "ms_p95"} <= set(result) and result["fps"] > 0
+    assert bench.main(["--model", str(TINY), "--json", "--steps", "3", "--warmup", "1", "--batch", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["batch"] == 2
