@@ -13,7 +13,7 @@ os.environ.setdefault("FASTDDS_BUILTIN_TRANSPORTS", "LARGE_DATA")
 # Nodes started by the tests discover only on this machine; the test process must match them.
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 
-from ros_harness import NodeProcess, RosClient, backend_args, next_domain_id  # noqa: E402
+from ros_harness import REPO, NodeProcess, RosClient, backend_args, next_domain_id  # noqa: E402
 
 
 @pytest.fixture
@@ -50,3 +50,23 @@ def start_backend(domain_id, tmp_path):
 def start_reference(start_backend):
     """Start reference robot processes: ``start_reference(mode="lockstep", task="push_t")``."""
     return lambda **params: start_backend("reference", **params)
+
+
+@pytest.fixture(scope="session")
+def tiny_world_model(tmp_path_factory) -> Path:
+    """A real, small world model: reference-robot play data -> rosbag2 -> dataset -> `iws train`.
+
+    The whole pipeline at toy scale (a few short episodes, the tiny config, a few dozen steps per
+    stage), so that node and evaluation tests serve a model that went through every real step.
+    """
+    from iws_data.builder import build_dataset
+    from iws_data.collect import collect
+    from iws_world_model.train import main as train_main
+
+    root = tmp_path_factory.mktemp("tiny_world_model")
+    collect("reference_arm", "push_t", root / "bags", episodes=4, steps=24, seed=0, progress=False)
+    dataset, _ = build_dataset([root / "bags"], root / "dataset", size=96, val_fraction=0.25, progress=False)
+    code = train_main(["--config", str(REPO / "config/models/tiny.yaml"), "--data", str(dataset),
+                       "--out", str(root / "model"), "--steps", "30", "--threads", "2"])
+    assert code == 0
+    return root / "model"

@@ -1,0 +1,347 @@
+"""The world model as a ROS 2 robot: the arm's topics, served from a trained checkpoint.
+
+A thin adapter over ``iws_world_model.WorldModel``. Commands are validated and followed by the same
+``JointCommandFollower`` as the reference robot; the command in force at each control step is the
+model's action. Inference runs on a dedicated thread, never on the executor's callback thread:
+in ``realtime`` it ticks at the profile's control rate and drops ticks it cannot keep (stale frames
+are never queued; the achieved rate goes to WorldStatus); in ``lockstep`` StepWorld hands N steps
+to the same thread and waits for them. One lock guards the model, so a reset during a step waits
+for that step to end.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+
+import numpy as np
+import rclpy
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+from rosgraph_msgs.msg import Clock
+from sensor_msgs.msg import CameraInfo, Image, JointState
+from std_msgs.msg import Float64MultiArray
+from std_srvs.srv import SetBool
+from trajectory_msgs.msg import JointTrajectory
+
+from iws_common import qos
+from iws_common.commands import CommandRejected, JointCommandFollower
+from iws_common.image_conversion import convert_encoding, image_to_numpy, numpy_to_image
+from iws_common.messages import camera_info_msg, time_msg
+from iws_common.profile import load_profile, repo_root
+from iws_common.stats import StepTimer
+from iws_common.throttle import KindThrottle
+from iws_interfaces.msg import WorldStatus
+from iws_interfaces.srv import ResetWorld, StepWorld
+
+MODES = ("realtime", "lockstep")
+
+
+def default_model_path() -> str:
+    return str(repo_root() / "models" / "push_t")
+
+
+class WorldModelNode(Node):
+    def __init__(self):
+        super().__init__("world_model")
+        self.declare_parameter("robot", "reference_arm")
+        self.declare_parameter("model", "")
+        self.declare_parameter("mode", "realtime")
+        self.declare_parameter("seed", 0)
+        self.declare_parameter("start_dataset", "")
+        self.declare_parameter("native_resolution", False)
+        self.declare_parameter("threads", 2)
+        self.declare_parameter("decode_steps", 0)
+        self.profile = load_profile(self.get_parameter("robot").value)
+        self.mode = str(self.get_parameter("mode").value)
+        if self.mode not in MODES:
+            raise ValueError(f"parameter mode must be one of {MODES}, got '{self.mode}'")
+        self.model_path = str(self.get_parameter("model").value) or default_model_path()
+
+        # torch and the model load here, so a bad profile or mode fails before the slow part.
+        import torch
+
+        from iws_world_model.start_windows import load_start_windows, windows_from_dataset
+        from iws_world_model.world_model import WorldModel, upscale
+        threads = int(self.get_parameter("threads").value)
+        torch.set_num_threads(threads)
+        torch.set_num_interop_threads(1)
+        decode_steps = int(self.get_parameter("decode_steps").value) or None
+        self.world = WorldModel.load(self.model_path, threads=threads, decode_steps=decode_steps)
+        self._upscale = upscale
+        if self.world.joint_dim != self.profile.joints.count:
+            raise ValueError(f"model {self.model_path} predicts {self.world.joint_dim} joints, "
+                             f"profile {self.profile.name} has {self.profile.joints.count}")
+        dataset_path = str(self.get_parameter("start_dataset").value)
+        if dataset_path:
+            from iws_data.dataset import Dataset
+            self.windows = windows_from_dataset(Dataset(dataset_path), self.world.config.window, count=64)
+        else:
+            self.windows = load_start_windows(self.model_path)
+        self.model_id = os.path.basename(os.path.normpath(self.model_path))
+
+        camera = self.profile.camera
+        self.native = bool(self.get_parameter("native_resolution").value)
+        size = self.world.image_size
+        self.camera = camera.scaled(size, size) if self.native else camera
+        self.follower = JointCommandFollower(self.profile.joints)
+        self.rejection_log = KindThrottle(period_s=1.0)
+        self.dt = self.profile.control_period_s
+        self.dt_ns = round(self.dt * 1e9)
+        self.clock_ns = int(time.time()) * 1_000_000_000
+        self.step_count = 0
+        self.paused = False
+        self.timer_stats = StepTimer()
+        self.dropped_ticks = 0
+        self.world_lock = threading.Lock()  # the model, the follower's stepping and the clock
+        self.seed = int(self.get_parameter("seed").value)
+        self.last_joints = None
+
+        topics = self.profile.topics
+        self.pub_joint_states = self.create_publisher(JointState, topics.joint_states, qos.STATE)
+        self.pub_image = self.create_publisher(Image, topics.image, qos.IMAGE)
+        self.pub_camera_info = self.create_publisher(CameraInfo, topics.camera_info, qos.IMAGE)
+        self.pub_clock = self.create_publisher(Clock, topics.clock, qos.CLOCK)
+        self.pub_status = self.create_publisher(WorldStatus, topics.world_status, qos.STATE)
+        commands = MutuallyExclusiveCallbackGroup()
+        services = ReentrantCallbackGroup()  # StepWorld waits on the inference thread; others go on
+        self.create_subscription(Float64MultiArray, topics.position_command, self.on_position_command,
+                                 qos.COMMAND, callback_group=commands)
+        self.create_subscription(JointTrajectory, topics.trajectory_command, self.on_trajectory,
+                                 qos.COMMAND, callback_group=commands)
+        self.create_service(ResetWorld, self.profile.services.reset, self.on_reset, callback_group=services)
+        self.create_service(StepWorld, self.profile.services.step, self.on_step, callback_group=services)
+        self.create_service(SetBool, self.profile.services.pause, self.on_pause, callback_group=services)
+        self.create_timer(1.0, self.publish_status, callback_group=MutuallyExclusiveCallbackGroup())
+
+        self.image_msg = Image()
+        self.camera_info = camera_info_msg(self.camera, self.camera.frame_id)
+        self.joint_state_msg = JointState(name=list(self.profile.joints.names))
+
+        with self.world_lock:
+            self._reset_to_window(0, self.seed)
+            self.publish_observation(self._last_image, self._last_joints)
+        self._requests: queue.Queue = queue.Queue()
+        self._running = True
+        self._worker = threading.Thread(target=self._inference_loop, name="world_model_inference", daemon=True)
+        self._worker.start()
+        self.get_logger().info(
+            f"world model up: model={self.model_path} profile={self.profile.name} mode={self.mode} "
+            f"model image {size}x{size} -> published {self.camera.width}x{self.camera.height} "
+            f"control={self.profile.control_rate_hz} Hz threads={threads}")
+
+    # -- state ------------------------------------------------------------------------------
+    def _reset_to_window(self, index: int, seed: int | None) -> None:
+        """Start from start window ``index`` (mod the number shipped). Caller holds world_lock."""
+        w = self.windows
+        i = index % len(w["images"])
+        self._start_from(w["images"][i], w["joint_positions"][i], w["actions"][i], seed)
+
+    def _start_from(self, images, joints, actions, seed) -> None:
+        self.world.reset(images, joints, actions, seed=seed)
+        self.follower.reset(actions[-1])
+        self._last_image = self._camera_image(np.asarray(images[-1]))
+        self._last_joints = np.asarray(joints[-1], dtype=np.float64)
+        self.last_joints = None
+
+    def _camera_image(self, image: np.ndarray) -> np.ndarray:
+        h, w = self.camera.height, self.camera.width
+        if image.shape[:2] != (h, w):
+            image = self._upscale(image, h, w)
+        if self.camera.encoding != "rgb8":
+            image = convert_encoding(image, "rgb8", self.camera.encoding)
+        return image
+
+    # -- commands ---------------------------------------------------------------------------
+    def _log_rejection(self, exc: CommandRejected) -> None:
+        log_now, suppressed = self.rejection_log.should_log(exc.kind)
+        if log_now:
+            more = f" (+{suppressed} more of this kind)" if suppressed else ""
+            self.get_logger().error(f"rejected command ({exc.kind}): {exc}{more}")
+
+    def on_position_command(self, msg: Float64MultiArray) -> None:
+        try:
+            before = self.follower.clamped
+            self.follower.set_position_command(msg.data)
+            if self.follower.clamped != before and self.rejection_log.should_log("clamped")[0]:
+                self.get_logger().warning("position command beyond joint limits: clamped to the limits")
+        except CommandRejected as exc:
+            self._log_rejection(exc)
+
+    def on_trajectory(self, msg: JointTrajectory) -> None:
+        try:
+            times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in msg.points]
+            self.follower.set_trajectory(msg.joint_names, times, [p.positions for p in msg.points],
+                                         now=self.clock_ns * 1e-9)
+        except CommandRejected as exc:
+            self._log_rejection(exc)
+
+    # -- stepping ---------------------------------------------------------------------------
+    def advance(self) -> None:
+        """One control step: the command in force is the action; predict, then publish."""
+        started = time.perf_counter()
+        with self.world_lock:
+            self.follower.step(self.clock_ns * 1e-9, self.dt)  # samples a running trajectory
+            action = self.follower.target.copy()
+            image, joints = self.world.step(action)
+            self.clock_ns += self.dt_ns
+            self.step_count += 1
+            self._last_image, self._last_joints = self._camera_image(image), joints.astype(np.float64)
+            self.publish_observation(self._last_image, self._last_joints)
+        self.timer_stats.record(started)
+
+    def _inference_loop(self) -> None:
+        next_tick = time.monotonic()
+        while self._running and rclpy.ok(context=self.context):
+            if self.mode == "lockstep":
+                try:
+                    request = self._requests.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                num_steps, done = request
+                try:
+                    for _ in range(num_steps):
+                        if self.paused:
+                            break
+                        self.advance()
+                finally:
+                    done.set()
+                continue
+            now = time.monotonic()
+            if now < next_tick:
+                time.sleep(min(next_tick - now, 0.05))
+                continue
+            if not self.paused:
+                self.advance()
+            next_tick += self.dt
+            late = time.monotonic() - next_tick
+            if late > 0:
+                # Behind schedule: drop the missed ticks instead of queueing stale frames.
+                missed = int(late // self.dt) + 1
+                self.dropped_ticks += missed
+                next_tick += missed * self.dt
+                if self.rejection_log.should_log("overrun")[0]:
+                    self.get_logger().warning(
+                        f"cannot keep {self.profile.control_rate_hz:.1f} Hz: achieved "
+                        f"{self.timer_stats.rate_hz():.1f} Hz, step p50 {self.timer_stats.latency_ms(50):.1f} ms")
+
+    def publish_observation(self, image: np.ndarray, joints: np.ndarray):
+        stamp = time_msg(self.clock_ns)
+        self.pub_clock.publish(Clock(clock=stamp))
+        js = self.joint_state_msg
+        js.header.stamp = stamp
+        js.position = joints.tolist()
+        velocity = (joints - self.last_joints) / self.dt if self.last_joints is not None else np.zeros_like(joints)
+        js.velocity = velocity.tolist()
+        self.last_joints = joints
+        self.pub_joint_states.publish(js)
+        numpy_to_image(image, self.camera.encoding, msg=self.image_msg, stamp=stamp, frame_id=self.camera.frame_id)
+        self.pub_image.publish(self.image_msg)
+        self.camera_info.header.stamp = stamp
+        self.pub_camera_info.publish(self.camera_info)
+        return stamp
+
+    def publish_status(self) -> None:
+        status = WorldStatus(
+            backend="world_model", model_id=self.model_id, mode=self.mode,
+            sim_time=time_msg(self.clock_ns), step_count=self.step_count,
+            achieved_rate_hz=self.timer_stats.rate_hz(), target_rate_hz=self.profile.control_rate_hz,
+            step_latency_ms_p50=self.timer_stats.latency_ms(50), step_latency_ms_p95=self.timer_stats.latency_ms(95),
+            paused=self.paused, rejected_commands=sum(self.follower.rejected.values()))
+        status.header.stamp = time_msg(self.clock_ns)
+        self.pub_status.publish(status)
+
+    # -- services ---------------------------------------------------------------------------
+    def on_reset(self, request: ResetWorld.Request, response: ResetWorld.Response) -> ResetWorld.Response:
+        try:
+            with self.world_lock:
+                if len(request.images):
+                    self._reset_to_supplied(request)
+                    response.message = f"reset to a supplied window of {len(request.images)} frames"
+                else:
+                    seed = None if request.seed < 0 else int(request.seed)
+                    self._reset_to_window(int(request.episode_index), seed)
+                    response.message = f"reset to start window {request.episode_index % len(self.windows['images'])}"
+                response.first_frame_stamp = self.publish_observation(self._last_image, self._last_joints)
+            response.success = True
+        except (ValueError, IndexError) as exc:
+            response.success, response.message = False, f"reset refused: {exc}"
+            self.get_logger().error(response.message)
+        self.publish_status()
+        return response
+
+    def _reset_to_supplied(self, request: ResetWorld.Request) -> None:
+        if len(request.joint_states) != len(request.images):
+            raise ValueError(f"{len(request.images)} images but {len(request.joint_states)} joint states")
+        names = list(self.profile.joints.names)
+        images, joints = [], []
+        for image_msg, joint_msg in zip(request.images, request.joint_states):
+            images.append(image_to_numpy(image_msg))
+            if sorted(joint_msg.name) != sorted(names):
+                raise ValueError(f"joint state names {list(joint_msg.name)} do not match the profile {names}")
+            by_name = dict(zip(joint_msg.name, joint_msg.position))
+            joints.append([by_name[n] for n in names])
+        images = np.stack(images)
+        joints = np.asarray(joints, dtype=np.float32)
+        if not np.all(np.isfinite(joints)):
+            raise ValueError("joint states hold NaN or inf")
+        # The commands that produced a supplied window are unknown: hold the observed positions.
+        self._start_from(images, joints, joints.copy(), None)
+
+    def on_step(self, request: StepWorld.Request, response: StepWorld.Response) -> StepWorld.Response:
+        if self.mode != "lockstep":
+            response.success, response.message = False, "StepWorld needs mode:=lockstep (this node runs in realtime)"
+        elif self.paused:
+            response.success, response.message = False, "paused: unpause before stepping"
+        else:
+            done = threading.Event()
+            before = self.step_count
+            self._requests.put((int(request.num_steps), done))
+            done.wait()
+            stepped = self.step_count - before
+            response.success = stepped == request.num_steps
+            response.message = f"stepped {stepped}" + ("" if response.success else " (paused during the call)")
+            self.publish_status()
+        response.sim_time = time_msg(self.clock_ns)
+        response.step_count = self.step_count
+        return response
+
+    def on_pause(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
+        self.paused = bool(request.data)
+        response.success, response.message = True, "paused" if self.paused else "running"
+        self.publish_status()
+        return response
+
+    def destroy_node(self) -> None:
+        self._running = False
+        worker = getattr(self, "_worker", None)  # absent when start-up failed
+        if worker is not None:
+            worker.join(5)
+        super().destroy_node()
+
+
+def main(args: list[str] | None = None) -> int:
+    rclpy.init(args=args)
+    try:
+        node = WorldModelNode()
+    except Exception as exc:  # bad parameter, profile or checkpoint: one clear line, not a traceback
+        print(f"world_model: cannot start: {exc}", file=sys.stderr)
+        rclpy.try_shutdown()
+        return 1
+    executor = MultiThreadedExecutor(num_threads=2)
+    executor.add_node(node)
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
