@@ -135,7 +135,7 @@ class DatasetWriter:
         if not (len(joint_positions) == len(actions) == len(timestamps) == n):
             raise DatasetError("episode arrays must have equal lengths")
         if self.size + n > len(self._arrays["images"]):
-            raise DatasetError("dataset writer capacity exceeded")
+            self._grow(max(2 * len(self._arrays["images"]), self.size + n))
         s = slice(self.size, self.size + n)
         self._arrays["images"][s] = images
         self._arrays["joint_positions"][s] = joint_positions
@@ -145,6 +145,30 @@ class DatasetWriter:
         self.episodes.append(episode)
         self.size += n
         return episode
+
+    def _grow(self, capacity: int) -> None:
+        """Reallocate the partial arrays with room for ``capacity`` frames (capacity is an estimate)."""
+        for name, array in list(self._arrays.items()):
+            partial = self.root / f"{name}.npy.partial"
+            old_path = self.root / f"{name}.npy.partial-old"
+            array.flush()
+            del array
+            self._arrays.pop(name)
+            partial.rename(old_path)
+            old = np.load(old_path, mmap_mode="r")
+            new = np.lib.format.open_memmap(partial, "w+", old.dtype, (capacity, *old.shape[1:]))
+            for start in range(0, self.size, 4096):
+                stop = min(start + 4096, self.size)
+                new[start:stop] = old[start:stop]
+            del old
+            old_path.unlink()
+            self._arrays[name] = new
+
+    def abort(self) -> None:
+        """Delete the partial arrays (a failed build leaves no half-written dataset)."""
+        for name in list(self._arrays):
+            del self._arrays[name]
+            (self.root / f"{name}.npy.partial").unlink(missing_ok=True)
 
     def close(self, **extra_meta) -> Path:
         """Trim the arrays to what was written, rename them into place, then write meta.json."""

@@ -1,0 +1,320 @@
+"""`iws collect`: play data for the reference robot as rosbag2 episodes, in-process for speed.
+
+The simulator runs in this process (no DDS), but every message is the one the ROS node would
+publish, built the same way and serialized with rclpy, and the command goes through the same
+JointCommandFollower, so these bags are interchangeable with bags recorded from the node in
+lockstep. Per control step, like the node: the command (stamp t), then one physics step, then at
+t + dt joint_states, image, camera_info and task_state, all stamped t + dt. Bag log time = stamp.
+
+One bag per episode, ``OUT/episode_000123/``, written under ``OUT/.partial/`` and moved into place
+when closed: a rerun skips complete episodes and redoes a partial one. Episode k uses seed
+``seed + k`` for both the initial state and the policy, so any episode can be regenerated alone.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+from iws_common.profile import ProfileError, RobotProfile, load_profile  # noqa: E402
+from iws_data.bags import DEFAULT_STORAGE, STORAGES, BagError, BagWriter  # noqa: E402
+
+PARTIAL_DIR = ".partial"
+# Sim clock of every episode starts here (not at 0, which ROS reads as "no stamp").
+CLOCK_START_NS = 1_000_000_000
+DEFAULT_MIX = "expert=0.4,random=0.3,contact=0.3"
+RECORDED_KINDS = ["image", "camera_info", "joint_states", "position_command", "task_state", "episode_events"]
+
+
+def episode_name(index: int) -> str:
+    return f"episode_{index:06d}"
+
+
+def is_complete(bag: Path) -> bool:
+    return (bag / "metadata.yaml").is_file()
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """'expert=0.4,random=0.3,contact=0.3' -> normalised weights."""
+    mix = {}
+    for part in text.split(","):
+        name, _, weight = part.partition("=")
+        name = name.strip()
+        if name not in POLICIES:
+            raise ValueError(f"unknown policy '{name}' in --mix (choose from {sorted(POLICIES)})")
+        try:
+            mix[name] = float(weight) if weight else 1.0
+        except ValueError:
+            raise ValueError(f"--mix weight for '{name}' must be a number, got '{weight}'") from None
+        if mix[name] < 0:
+            raise ValueError(f"--mix weight for '{name}' must be >= 0")
+    total = sum(mix.values())
+    if total <= 0:
+        raise ValueError("--mix weights must not all be zero")
+    return {k: v / total for k, v in mix.items()}
+
+
+# --mix names -> iws_reference_robot.experts names ("expert" is the task's own scripted expert).
+POLICIES = {"expert": None, "random": "smooth_random", "contact": "contact_seeking"}
+
+
+def make_policy(kind: str, task: str, sim):
+    """A fresh policy (no state carried between episodes, so any episode regenerates alone)."""
+    from iws_reference_robot.experts import make_expert
+
+    return make_expert(task if kind == "expert" else POLICIES[kind], sim)
+
+
+def time_msg(nanoseconds: int):
+    from builtin_interfaces.msg import Time
+
+    return Time(sec=nanoseconds // 1_000_000_000, nanosec=nanoseconds % 1_000_000_000)
+
+
+class EpisodeMessages:
+    """The reference node's messages, allocated once and refilled every step."""
+
+    def __init__(self, profile: RobotProfile):
+        from sensor_msgs.msg import Image, JointState
+        from std_msgs.msg import Float64MultiArray
+
+        from iws_interfaces.msg import EpisodeEvent, TaskState
+
+        try:
+            from iws_reference_robot.node import camera_info_msg
+        except ImportError:  # the node module needs only ROS messages; keep collect usable without it
+            camera_info_msg = None
+        self.profile = profile
+        self.image = Image()
+        self.joint_states = JointState()
+        self.joint_states.name = list(profile.joints.names)
+        self.command = Float64MultiArray()
+        self.task_state = TaskState()
+        self.task_state.header.frame_id = profile.base_frame
+        self.EpisodeEvent = EpisodeEvent
+        self.camera_info = camera_info_msg(profile.camera, profile.camera.frame_id) if camera_info_msg else self._camera_info()
+
+    def _camera_info(self):
+        from sensor_msgs.msg import CameraInfo
+
+        camera = self.profile.camera
+        info = CameraInfo()
+        info.header.frame_id = camera.frame_id
+        info.width, info.height = camera.width, camera.height
+        info.distortion_model = "plumb_bob"
+        info.d = [0.0] * 5
+        info.k = camera.intrinsics_matrix()
+        info.r = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+        info.p = [camera.fx, 0.0, camera.cx, 0.0, 0.0, camera.fy, camera.cy, 0.0, 0.0, 0.0, 1.0, 0.0]
+        return info
+
+
+@dataclasses.dataclass
+class EpisodeResult:
+    index: int
+    policy: str
+    seed: int
+    steps: int
+    success: bool
+    score: float
+    path: Path
+
+
+class Collector:
+    """Runs episodes of one task in one ReferenceSim and writes each to its own bag."""
+
+    def __init__(self, profile: RobotProfile, task: str, out: Path, steps: int, seed: int = 0,
+                 mix: dict[str, float] | None = None, storage: str = DEFAULT_STORAGE):
+        from iws_common.commands import JointCommandFollower
+        from iws_reference_robot.sim import ReferenceSim
+
+        self.profile = profile
+        self.task = task
+        self.out = Path(out)
+        self.steps = steps
+        self.seed = seed
+        self.mix = mix or parse_mix(DEFAULT_MIX)
+        self.storage = storage
+        self.sim = ReferenceSim(profile, task=task, seed=seed)
+        self.follower = JointCommandFollower(profile.joints)
+        self.messages = EpisodeMessages(profile)
+        self.dt_ns = round(profile.control_period_s * 1e9)
+
+    def policy_for(self, index: int) -> tuple[str, object, np.random.Generator]:
+        rng = np.random.default_rng(self.seed + index)
+        kinds = sorted(self.mix)
+        kind = kinds[int(rng.choice(len(kinds), p=[self.mix[k] for k in kinds]))]
+        return kind, make_policy(kind, self.task, self.sim), rng
+
+    def _write_observation(self, bag: BagWriter, stamp_ns: int):
+        from rclpy.serialization import serialize_message
+
+        from iws_common.image_conversion import convert_encoding, numpy_to_image
+
+        sim, msgs, topics, camera = self.sim, self.messages, self.profile.topics, self.profile.camera
+        stamp = time_msg(stamp_ns)
+        js = msgs.joint_states
+        js.header.stamp = stamp
+        js.position = sim.joint_positions().tolist()
+        js.velocity = sim.joint_velocities().tolist()
+        bag.write(topics.joint_states, serialize_message(js), stamp_ns)
+        pixels = sim.render()
+        if camera.encoding != "rgb8":
+            pixels = convert_encoding(pixels, "rgb8", camera.encoding)
+        numpy_to_image(pixels, camera.encoding, msg=msgs.image, stamp=stamp, frame_id=camera.frame_id)
+        bag.write(topics.image, serialize_message(msgs.image), stamp_ns)
+        msgs.camera_info.header.stamp = stamp
+        bag.write(topics.camera_info, serialize_message(msgs.camera_info), stamp_ns)
+        state = sim.task_state()
+        ts = msgs.task_state
+        ts.header.stamp = stamp
+        ts.task, ts.score, ts.success = state.task, float(state.score), bool(state.success)
+        ts.object_poses = np.asarray(state.object_poses, dtype=np.float64).ravel().tolist()
+        ts.goal_pose = np.asarray(state.goal_pose, dtype=np.float64).ravel().tolist()
+        bag.write(topics.task_state, serialize_message(ts), stamp_ns)
+        return state
+
+    def _write_event(self, bag: BagWriter, event: int, index: int, stamp_ns: int, success=False, score=float("nan")) -> None:
+        from rclpy.serialization import serialize_message
+
+        msg = self.messages.EpisodeEvent(event=event, episode_index=index, task=self.task,
+                                         success=bool(success), score=float(score))
+        msg.header.stamp = time_msg(stamp_ns)
+        msg.header.frame_id = self.profile.base_frame
+        bag.write(self.profile.topics.episode_events, serialize_message(msg), stamp_ns)
+
+    def run_episode(self, index: int) -> EpisodeResult:
+        """Write episode ``index`` to OUT/episode_NNNNNN (atomically)."""
+        from rclpy.serialization import serialize_message
+
+        from iws_common.commands import CommandRejected
+
+        final = self.out / episode_name(index)
+        partial = self.out / PARTIAL_DIR / episode_name(index)
+        if partial.exists():
+            shutil.rmtree(partial)
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        kind, policy, rng = self.policy_for(index)
+        seed = self.seed + index
+        self.sim.reset(seed)
+        self.follower.reset(self.sim.joint_positions())
+        policy.reset(rng)
+        dt = self.dt_ns * 1e-9
+        topics = self.profile.topics
+        custom = {"task": self.task, "policy": kind, "seed": seed, "episode_index": index, "steps": self.steps,
+                  "collected_by": "iws collect"}
+        bag = BagWriter(partial, self.profile, RECORDED_KINDS, storage=self.storage, flush_interval_s=None, custom_data=custom)
+        try:
+            clock_ns = CLOCK_START_NS
+            self._write_event(bag, self.messages.EpisodeEvent.START, index, clock_ns)
+            state = self._write_observation(bag, clock_ns)
+            command_msg = self.messages.command
+            for _ in range(self.steps):
+                command = np.asarray(policy.act(state, self.sim.joint_positions()), dtype=np.float64).reshape(-1)
+                command_msg.data = command.tolist()
+                bag.write(topics.position_command, serialize_message(command_msg), clock_ns)
+                try:
+                    self.follower.set_position_command(command_msg.data)
+                except CommandRejected:
+                    pass  # as the node: the previous target is kept
+                self.sim.step(self.follower.step(clock_ns * 1e-9, dt))
+                clock_ns += self.dt_ns
+                state = self._write_observation(bag, clock_ns)
+            self._write_event(bag, self.messages.EpisodeEvent.END, index, clock_ns, state.success, state.score)
+            bag.close()
+        except BaseException:
+            bag.abort()
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        if final.exists():
+            shutil.rmtree(final)
+        partial.rename(final)
+        return EpisodeResult(index, kind, seed, self.steps, bool(state.success), float(state.score), final)
+
+    def close(self) -> None:
+        self.sim.close()
+
+
+def collect(profile: RobotProfile | str, task: str, out: str | Path, episodes: int, steps: int, seed: int = 0,
+            mix: dict[str, float] | str | None = None, storage: str = DEFAULT_STORAGE, progress: bool = True,
+            start: int = 0) -> list[EpisodeResult]:
+    """Collect episodes ``start .. start+episodes-1`` into OUT, skipping complete ones."""
+    from tqdm import tqdm
+
+    if isinstance(profile, str):
+        profile = load_profile(profile)
+    if isinstance(mix, str):
+        mix = parse_mix(mix)
+    if episodes < 0 or steps < 1:
+        raise ValueError("--episodes must be >= 0 and --steps >= 1")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    todo = [i for i in range(start, start + episodes) if not is_complete(out / episode_name(i))]
+    skipped = episodes - len(todo)
+    results: list[EpisodeResult] = []
+    if not todo:
+        if progress:
+            print(f"iws collect: all {episodes} episodes in {out} are complete")
+        return results
+    collector = Collector(profile, task, out, steps, seed=seed, mix=mix, storage=storage)
+    try:
+        with tqdm(total=len(todo), unit="ep", desc=f"collect {task}", disable=not progress, dynamic_ncols=True) as bar:
+            if skipped:
+                bar.write(f"iws collect: {skipped} complete episodes already in {out}, skipping them")
+            for index in todo:
+                result = collector.run_episode(index)
+                results.append(result)
+                bar.update(1)
+                bar.set_postfix(success=f"{np.mean([r.success for r in results]):.2f}",
+                                frames_per_s=f"{bar.n * (steps + 1) / max(bar.format_dict['elapsed'], 1e-9):.0f}")
+    finally:
+        collector.close()
+        partial_root = out / PARTIAL_DIR
+        if partial_root.is_dir() and not any(partial_root.iterdir()):
+            partial_root.rmdir()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="iws collect", description=__doc__.split("\n")[0])
+    parser.add_argument("--task", default="push_t", help="push_t, rope or pile")
+    parser.add_argument("--episodes", type=int, required=True)
+    parser.add_argument("--steps", type=int, default=200, help="control steps per episode (frames = steps + 1)")
+    parser.add_argument("--out", required=True, help="directory of episode bags (created; reruns resume)")
+    parser.add_argument("--robot", default="reference_arm", help="robot profile name or YAML path")
+    parser.add_argument("--seed", type=int, default=0, help="episode k uses seed + k")
+    parser.add_argument("--start", type=int, default=0, help="index of the first episode (to split work across processes)")
+    parser.add_argument("--mix", default=DEFAULT_MIX, help=f"policy weights (default {DEFAULT_MIX})")
+    parser.add_argument("--storage", default=DEFAULT_STORAGE, choices=sorted(STORAGES))
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        started = time.perf_counter()
+        results = collect(args.robot, args.task, args.out, args.episodes, args.steps, seed=args.seed, mix=args.mix,
+                          storage=args.storage, progress=not args.no_progress, start=args.start)
+    except (BagError, ProfileError, ValueError) as exc:
+        print(f"iws collect: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("iws collect: interrupted; complete episodes are kept, rerun to resume", file=sys.stderr)
+        return 130
+    if results:
+        elapsed = time.perf_counter() - started
+        frames = sum(r.steps + 1 for r in results)
+        by_policy = {k: sum(r.policy == k for r in results) for k in sorted({r.policy for r in results})}
+        print(f"iws collect: wrote {len(results)} episodes ({frames} frames) to {args.out} in {elapsed:.1f} s "
+              f"({frames / elapsed:.0f} frames/s); policies {by_policy}; "
+              f"success rate {np.mean([r.success for r in results]):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
