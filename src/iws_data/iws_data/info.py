@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from iws_data.dataset import Dataset, DatasetError
+from iws_data.video import write_mp4
 
 IMAGE_STAT_SAMPLES = 2000
 
@@ -142,8 +143,6 @@ def render_preview_frame(image: np.ndarray, index: int, action: np.ndarray, lowe
 
 
 def write_preview(dataset: Dataset, episode: int, out: Path, upscale: int = 4, fps: float | None = None) -> Path:
-    import av
-
     from iws_common.profile import load_profile
 
     if not 0 <= episode < len(dataset.episodes):
@@ -155,21 +154,9 @@ def write_preview(dataset: Dataset, episode: int, out: Path, upscale: int = 4, f
         lower, upper = joints.lower, joints.upper
     except Exception:  # a dataset from an unknown profile: scale bars to the data
         lower, upper = actions.min(axis=0) - 1e-3, actions.max(axis=0) + 1e-3
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    rate = fps or dataset.control_rate_hz
-    with av.open(str(out), "w") as container:
-        stream = container.add_stream("libx264", rate=int(round(rate)))
-        stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": "18"}
-        for i in range(len(actions)):
-            frame_array = render_preview_frame(np.asarray(data["images"][i]), i, actions[i], lower, upper, upscale)
-            if i == 0:
-                stream.height, stream.width = frame_array.shape[:2]
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame_array, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    frames = (render_preview_frame(np.asarray(data["images"][i]), i, actions[i], lower, upper, upscale)
+              for i in range(len(actions)))
+    write_mp4(frames, out, fps or dataset.control_rate_hz)
     return out
 
 
