@@ -5,6 +5,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import math  # noqa: E402
 
+import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
@@ -152,3 +153,65 @@ def test_experts_limit_pusher_step(push_sim):
         setpoint = expert.act(push_sim.task_state(), q)
         step = np.linalg.norm(push_sim.forward_kinematics(setpoint) - push_sim.forward_kinematics(q))
         assert step <= expert.max_step + 1e-6
+
+
+def _run_expert(sim, name, seeds, steps):
+    """(start score, end score) per episode of the task's scripted expert."""
+    expert = make_expert(name, sim)
+    scores = []
+    for seed in seeds:
+        sim.reset(seed)
+        expert.reset(np.random.default_rng(seed))
+        state = sim.task_state()
+        start = state.score
+        for _ in range(steps):
+            sim.step(expert.act(state, sim.joint_positions()))
+            state = sim.task_state()
+        assert np.all(np.isfinite(state.object_poses))
+        scores.append((start, state.score))
+    return np.array(scores)
+
+
+def test_rope_push_is_local(profile):
+    """The rope lies on the table with friction: a push bends it where it is pushed, the rest stays."""
+    sim = ReferenceSim(profile, "rope", seed=0)
+    task = sim.task
+    sim.reset(0)
+    # A straight rope along x, centred at x = 0 at y = 0.36; the pusher comes from below its middle.
+    task.root.set(sim.data, [-task.length / 2, 0.36, 0.0])
+    sim.data.qpos[task.bend_qpos] = 0.0
+    sim.data.qvel[task.bend_dof] = 0.0
+    mujoco.mj_forward(sim.model, sim.data)
+    expert = make_expert("smooth_random", sim)
+    for _ in range(15):
+        sim.step(expert.move_toward([0.0, 0.30], sim.joint_positions()))
+    before = task.nodes()
+    np.testing.assert_allclose(before[:, 1], 0.36, atol=0.002)  # untouched rope stays put
+    for _ in range(12):  # about 5 cm past first contact, slowly
+        sim.step(expert.move_toward([0.0, 0.45], sim.joint_positions(), max_step=0.01))
+    for _ in range(5):
+        sim.step(sim.joint_positions())
+    moved = np.abs(task.nodes() - before)[:, 1]  # along the push (the ends also come in a little along x)
+    middle = task.SEGMENTS // 2
+    assert moved[middle] > 0.03
+    assert moved[[0, 1, 2, -3, -2, -1]].max() < 0.25 * moved[middle]
+    # Resting again, it stays where it was left (static friction holds against the bending springs).
+    rest = task.nodes()
+    for _ in range(20):
+        sim.step(expert.move_toward([0.0, 0.30], sim.joint_positions()))
+    assert np.abs(task.nodes() - rest).max() < 0.003
+    sim.close()
+
+
+def test_rope_expert_improves_score(profile):
+    sim = ReferenceSim(profile, "rope", seed=0)
+    scores = _run_expert(sim, "rope", range(100, 103), 150)
+    sim.close()
+    assert np.mean(scores[:, 1] - scores[:, 0]) > 0.3
+
+
+def test_pile_expert_improves_score(profile):
+    sim = ReferenceSim(profile, "pile", seed=0)
+    scores = _run_expert(sim, "pile", range(100, 103), 200)
+    sim.close()
+    assert np.mean(scores[:, 1]) >= 0.6 and np.mean(scores[:, 1] - scores[:, 0]) > 0.4

@@ -198,112 +198,352 @@ class PushTExpert(Expert):
 
 
 # ----------------------------------------------------------------------------------------------
-# rope and pile: push one point at a time toward where it should be
+# rope and pile: choose a push, go around the objects to behind it, push, choose again
 
-class _PointPusher(Expert):
-    """Choose an object point and a destination, get behind it, push it there, choose again."""
+def _segment_distances(points: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """(N, K) distances from points (N, 2) to segments starts[k] -> ends[k] (K, 2)."""
+    ab = ends - starts
+    t = np.einsum("nkd,kd->nk", points[:, None, :] - starts[None], ab) / np.maximum(np.einsum("kd,kd->k", ab, ab), 1e-12)
+    closest = starts[None] + np.clip(t, 0.0, 1.0)[..., None] * ab[None]
+    return np.linalg.norm(points[:, None, :] - closest, axis=-1)
 
-    OBJECT_RADIUS = 0.012
-    PUSH_STEPS = 12
+
+class Obstacles:
+    """Objects as capsules in the table plane (segments with radii; a disc is a zero-length segment)."""
+
+    def __init__(self, starts, ends, radii):
+        self.starts = np.asarray(starts, dtype=np.float64).reshape(-1, 2)
+        self.ends = np.asarray(ends, dtype=np.float64).reshape(-1, 2)
+        self.radii = np.broadcast_to(np.asarray(radii, dtype=np.float64), (len(self.starts),))
+
+    def clearance(self, points) -> np.ndarray:
+        """Gap between each point and the nearest object surface (negative inside)."""
+        points = np.asarray(points, dtype=np.float64).reshape(-1, 2)
+        if len(self.starts) == 0:
+            return np.full(len(points), np.inf)
+        return (_segment_distances(points, self.starts, self.ends) - self.radii[None]).min(axis=1)
+
+    def escape(self, point, gap: float) -> np.ndarray:
+        """A point near `point` with at least `gap` clearance, straight away from the nearest object."""
+        point = np.asarray(point, dtype=np.float64)
+        for _ in range(4):
+            current = float(self.clearance(point)[0])
+            if current >= gap:
+                break
+            eps = 1e-4
+            grad = np.array([self.clearance(point + [eps, 0])[0] - self.clearance(point - [eps, 0])[0],
+                             self.clearance(point + [0, eps])[0] - self.clearance(point - [0, eps])[0]])
+            norm = np.linalg.norm(grad)
+            direction = grad / norm if norm > 1e-9 else np.array([0.0, -1.0])
+            point = point + direction * (gap - current + 0.002)
+        return point
+
+
+class _PlannedPusher(Expert):
+    """Push objects one at a time: choose a push (a point, a direction, a length), travel around the
+    objects to just behind the point (planning a collision-free path through a roadmap), push, back
+    off, choose again. Subclasses give the obstacles, the roadmap and the ranked pushes."""
+
+    GAP = PUSHER_RADIUS + 0.004        # clearance the pusher keeps from objects while travelling
+    STANDOFF = 0.008                    # pre-push gap between the pusher and the object it pushes
+    ARRIVED = 0.004
+    GRID = (np.linspace(-0.23, 0.23, 8), np.linspace(0.18, 0.42, 5))  # free-space roadmap nodes
 
     def reset(self, rng: np.random.Generator) -> None:
         super().reset(rng)
-        self.chosen = None
-        self.steps_left = 0
+        self.mode = "choose"
+        self.path: list[np.ndarray] = []
+        self.push = None
+        self.push_steps = 0
+        self.travel_steps = 0
+        self.banned: dict[int, int] = {}
 
-    def choose(self, task_state: TaskState) -> list[tuple[int, np.ndarray]]:
-        """(object index, destination) candidates, best first."""
+    # -- to be provided ------------------------------------------------------------------
+    def obstacles(self, task_state: TaskState) -> Obstacles:
         raise NotImplementedError
 
-    def _choose_clear(self, task_state: TaskState, pusher) -> tuple[int, np.ndarray] | None:
-        """The best candidate the pusher can get behind without crossing other objects."""
-        candidates = self.choose(task_state)
-        points = task_state.object_poses[:, :2]
-        reachable = []
-        for index, destination in candidates:
-            point = points[index]
-            direction = (destination - point) / max(np.linalg.norm(destination - point), 1e-9)
-            behind = point - direction * (PUSHER_RADIUS + self.OBJECT_RADIUS + 0.004)
-            far_behind = self.reachable(behind - direction * 0.03)
-            if np.linalg.norm(far_behind - (behind - direction * 0.03)) > 0.005:
-                continue
-            reachable.append((index, destination))
-            path = np.concatenate([pusher + np.linspace(0, 1, 10)[:, None] * (far_behind - pusher),
-                                   far_behind + np.linspace(0, 1, 5)[:, None] * (behind - far_behind)])
-            gaps = np.linalg.norm(path[:, None] - points[None], axis=-1).min(axis=1)
-            if gaps.min() > PUSHER_RADIUS + self.OBJECT_RADIUS + 0.002:
-                return index, destination
-        return reachable[int(self.rng.integers(len(reachable)))] if reachable else None
+    def roadmap(self, task_state: TaskState) -> np.ndarray:
+        """Extra roadmap nodes around the objects (the free-space grid is added)."""
+        raise NotImplementedError
 
-    def point(self, task_state: TaskState, index: int) -> np.ndarray:
-        return task_state.object_poses[index, :2]
+    def candidates(self, task_state: TaskState, pusher: np.ndarray) -> list[dict]:
+        """Pushes, best first: dicts with index, pre (pusher start), direction, length."""
+        raise NotImplementedError
+
+    def push_setpoint(self, task_state: TaskState, pusher: np.ndarray):
+        """Pusher target during a push, or None when the push is over."""
+        raise NotImplementedError
+
+    def done(self, task_state: TaskState) -> bool:
+        return task_state.success and task_state.score >= 0.999
+
+    # -- planning ------------------------------------------------------------------------
+    def _reachable_exactly(self, points: np.ndarray) -> np.ndarray:
+        return np.array([np.linalg.norm(self.reachable(p) - p) < 1e-3 for p in points], dtype=bool)
+
+    def _clear_segments(self, start, ends: np.ndarray, obstacles: Obstacles) -> np.ndarray:
+        """Whether the straight moves start -> ends[m] keep GAP from every object."""
+        length = np.linalg.norm(ends - start, axis=1)
+        samples = int(min(64, max(2, math.ceil(length.max() / 0.006) + 1)))
+        t = np.linspace(0.0, 1.0, samples)
+        points = start[None, None] + t[None, :, None] * (ends - start)[:, None, :]
+        gaps = obstacles.clearance(points.reshape(-1, 2)).reshape(len(ends), samples)
+        return gaps.min(axis=1) >= self.GAP - 1e-4
+
+    def plan(self, start, goal, task_state: TaskState, obstacles: Obstacles) -> list[np.ndarray] | None:
+        """Waypoints from start to goal keeping GAP from the objects (A* on a lazily checked roadmap)."""
+        start, goal = np.asarray(start, dtype=np.float64), np.asarray(goal, dtype=np.float64)
+        if self._clear_segments(start, goal[None], obstacles)[0]:
+            return [goal]
+        grid = np.stack(np.meshgrid(*self.GRID), -1).reshape(-1, 2)
+        extra = np.concatenate([self.roadmap(task_state), grid])
+        extra = extra[(obstacles.clearance(extra) >= self.GAP + 0.001) & self._reachable_exactly(extra)]
+        nodes = np.concatenate([start[None], goal[None], extra])
+        n = len(nodes)
+        cost = np.full(n, np.inf)
+        cost[0] = 0.0
+        parent = np.full(n, -1)
+        closed = np.zeros(n, dtype=bool)
+        heuristic = np.linalg.norm(nodes - goal, axis=1)
+        while True:
+            open_ = np.flatnonzero(~closed & np.isfinite(cost))
+            if len(open_) == 0:
+                return None
+            u = int(open_[np.argmin(cost[open_] + heuristic[open_])])
+            if u == 1:
+                break
+            closed[u] = True
+            others = np.flatnonzero(~closed)
+            step = np.linalg.norm(nodes[others] - nodes[u], axis=1)
+            better = cost[u] + step < cost[others]
+            if not better.any():
+                continue
+            others, step = others[better], step[better]
+            clear = self._clear_segments(nodes[u], nodes[others], obstacles)
+            for v, d in zip(others[clear], step[clear]):
+                cost[v] = cost[u] + d
+                parent[v] = u
+        path, v = [], 1
+        while v > 0:
+            path.append(nodes[v])
+            v = parent[v]
+        return path[::-1]
+
+    # -- acting --------------------------------------------------------------------------
+    def _start_push(self, task_state: TaskState, pusher: np.ndarray) -> bool:
+        obstacles = self.obstacles(task_state)
+        start = obstacles.escape(pusher, self.GAP + 0.001)
+        for candidate in self.candidates(task_state, pusher)[:8]:
+            path = self.plan(start, candidate["pre"], task_state, obstacles)
+            if path is None:
+                continue
+            self.path = ([start] if np.linalg.norm(start - pusher) > self.ARRIVED else []) + path
+            self.push = candidate
+            self.mode = "travel"
+            self.travel_steps = 0
+            waypoints = np.array([pusher] + self.path)
+            self.travel_limit = 10 + 1.5 * np.linalg.norm(np.diff(waypoints, axis=0), axis=1).sum() / self.max_step
+            return True
+        return False
 
     def act(self, task_state: TaskState, joint_positions: np.ndarray) -> np.ndarray:
         pusher = self.pusher(joint_positions)
-        if self.chosen is None or self.steps_left <= 0:
-            self.chosen = self._choose_clear(task_state, pusher)
-            self.steps_left = 3 * self.PUSH_STEPS
-            self.pushing = False
-        if self.chosen is None:
+        self.banned = {k: v - 1 for k, v in self.banned.items() if v > 1}
+        if self.done(task_state):
+            self.mode = "choose"
             return self.move_toward(pusher, joint_positions)
-        index, destination = self.chosen
-        point = self.point(task_state, index)
-        offset = destination - point
-        distance = float(np.linalg.norm(offset))
-        if distance < 0.008:
-            self.chosen = None
-            return self.move_toward(pusher, joint_positions)
-        direction = offset / distance
-        behind = point - direction * (PUSHER_RADIUS + self.OBJECT_RADIUS + 0.004)
-        self.steps_left -= 1
-        if not self.pushing:
-            far_behind = behind - direction * 0.03
-            gap = pusher - behind
-            if np.linalg.norm(gap) < 0.01:
-                self.pushing = True
-            elif np.dot(gap, direction) > -0.01 and np.linalg.norm(gap) > 0.02:
-                return self.move_toward(far_behind, joint_positions)  # come from behind, not through it
-            else:
-                return self.move_toward(behind, joint_positions)
-        if np.linalg.norm(pusher - behind) > 0.03:  # lost the object: choose again
-            self.chosen = None
-        return self.move_toward(destination - direction * (PUSHER_RADIUS + 0.004), joint_positions,
-                                max_step=min(self.max_step, 0.02))
+        if self.mode == "choose" and not self._start_push(task_state, pusher):
+            # Nothing to push from here: back off from the objects and try again next time.
+            return self.move_toward(self.obstacles(task_state).escape(pusher, self.GAP + 0.01), joint_positions)
+        if self.mode == "travel":
+            self.travel_steps += 1
+            while self.path and np.linalg.norm(self.path[0] - pusher) < self.ARRIVED:
+                self.path.pop(0)
+            if self.travel_steps > self.travel_limit:  # blocked somewhere: choose again
+                self.banned[self.push["index"]] = 20
+                self.mode = "choose"
+                return self.move_toward(pusher, joint_positions)
+            if self.path:
+                return self.move_toward(self.path[0], joint_positions)
+            self.mode = "push"
+            self.push_steps = 0
+            self.push["start_pusher"] = pusher.copy()
+        # push
+        self.push_steps += 1
+        target = self.push_setpoint(task_state, pusher)
+        if target is None or self.push_steps > 30:
+            self.mode = "choose"
+            back = pusher - self.push["direction"] * 0.02
+            return self.move_toward(back, joint_positions, max_step=min(self.max_step, 0.02))
+        return self.move_toward(target, joint_positions, max_step=min(self.max_step, self.PUSH_SPEED))
 
 
-class RopeExpert(_PointPusher):
-    """Push the rope node farthest from its place on the target curve toward it."""
+class RopeExpert(_PlannedPusher):
+    """Push the stretch of rope whose move best reduces its distance to the target curve.
 
-    OBJECT_RADIUS = Rope.RADIUS
+    Rope nodes are matched in order to the target points (forward or reversed, whichever is
+    closer). A push at node i moving it by delta moves node j by about w(i - j) * delta (w a
+    Gaussian over the node index: the rope bends locally, friction holds the rest), so each node
+    has a best push (least squares over the nodes it moves); the expert takes the push with the
+    largest predicted reduction of the squared error per control step, approached from behind.
+    """
 
-    def choose(self, task_state: TaskState):
-        nodes = task_state.object_poses[:, :2]
-        targets = self.sim.task.target_points
+    RADIUS = Rope.RADIUS
+    SIGMA = 3.5           # nodes: how far along the rope a push spreads
+    MAX_PUSH = 0.06
+    MIN_PUSH = 0.005
+    PUSH_SPEED = 0.015
+    SIDE_SLIP = 0.3       # how much a push slanted to the rope moves it along itself (friction)
+
+    def reset(self, rng: np.random.Generator) -> None:
+        super().reset(rng)
+        self.reversed = None
+
+    def _nodes(self, task_state: TaskState) -> np.ndarray:
+        return task_state.object_poses[:, :2]
+
+    def obstacles(self, task_state: TaskState) -> Obstacles:
+        nodes = self._nodes(task_state)
+        return Obstacles(nodes[:-1], nodes[1:], self.RADIUS)
+
+    def _normals(self, nodes: np.ndarray) -> np.ndarray:
+        tangent = np.gradient(nodes, axis=0)
+        tangent /= np.maximum(np.linalg.norm(tangent, axis=1, keepdims=True), 1e-9)
+        return np.stack([-tangent[:, 1], tangent[:, 0]], -1), tangent
+
+    def roadmap(self, task_state: TaskState) -> np.ndarray:
+        nodes = self._nodes(task_state)
+        normals, tangent = self._normals(nodes)
+        offset = self.RADIUS + self.GAP + 0.006
+        sides = np.concatenate([nodes[::2] + offset * normals[::2], nodes[::2] - offset * normals[::2]])
+        angles = np.linspace(0, 2 * np.pi, 10, endpoint=False)
+        ring = (offset + 0.004) * np.stack([np.cos(angles), np.sin(angles)], -1)
+        return np.concatenate([sides, nodes[0] + ring, nodes[-1] + ring])
+
+    def _targets(self, nodes: np.ndarray) -> np.ndarray:
+        targets = np.asarray(self.sim.task.target_points, dtype=np.float64)
         if len(targets) != len(nodes):
             idx = np.linspace(0, len(targets) - 1, len(nodes))
             targets = np.stack([np.interp(idx, np.arange(len(targets)), targets[:, k]) for k in range(2)], -1)
-        forward = np.linalg.norm(nodes - targets, axis=1)
-        backward = np.linalg.norm(nodes - targets[::-1], axis=1)
-        if backward.sum() < forward.sum():
-            targets, forward = targets[::-1], backward
-        order = [i for i in np.argsort(-forward) if forward[i] > 0.01]
-        return [(int(i), targets[i]) for i in order]
+        forward = np.linalg.norm(nodes - targets, axis=1).sum()
+        backward = np.linalg.norm(nodes - targets[::-1], axis=1).sum()
+        if self.reversed is None or (backward < 0.8 * forward if not self.reversed else forward < 0.8 * backward):
+            self.reversed = bool(backward < forward)
+        return targets[::-1] if self.reversed else targets
+
+    def candidates(self, task_state: TaskState, pusher: np.ndarray) -> list[dict]:
+        nodes = self._nodes(task_state)
+        error = self._targets(nodes) - nodes
+        n = len(nodes)
+        idx = np.arange(n)
+        w = np.exp(-0.5 * ((idx[:, None] - idx[None]) / self.SIGMA) ** 2)       # (push node, moved node)
+        delta = (w @ error) / (w ** 2).sum(axis=1, keepdims=True)
+        normals, tangent = self._normals(nodes)
+        along_n = np.einsum("nd,nd->n", delta, normals)
+        along_t = np.einsum("nd,nd->n", delta, tangent)
+        slip = self.SIDE_SLIP * np.abs(along_n)
+        delta = along_n[:, None] * normals + np.clip(along_t, -slip, slip)[:, None] * tangent
+        length = np.linalg.norm(delta, axis=1)
+        delta *= (np.minimum(length, self.MAX_PUSH) / np.maximum(length, 1e-9))[:, None]
+        length = np.minimum(length, self.MAX_PUSH)
+        base = (error ** 2).sum()
+        gains = np.array([base - ((error - w[i][:, None] * delta[i]) ** 2).sum() for i in range(n)])
+        obstacles = self.obstacles(task_state)
+        result = []
+        for i in idx:
+            if length[i] < self.MIN_PUSH or gains[i] <= 0 or int(i) in self.banned:
+                continue
+            direction = delta[i] / length[i]
+            pre = nodes[i] - direction * (PUSHER_RADIUS + self.RADIUS + self.STANDOFF)
+            if obstacles.clearance(pre)[0] < self.GAP or np.linalg.norm(self.reachable(pre) - pre) > 1e-3:
+                continue
+            steps = np.linalg.norm(pre - pusher) / self.max_step + (length[i] + self.STANDOFF) / self.PUSH_SPEED + 2
+            result.append(dict(index=int(i), pre=pre, direction=direction, length=float(length[i]),
+                               start=nodes[i].copy(), value=gains[i] / steps))
+        result.sort(key=lambda c: -c["value"])
+        return result
+
+    def push_setpoint(self, task_state: TaskState, pusher: np.ndarray):
+        push = self.push
+        node = self._nodes(task_state)[push["index"]]
+        moved = float(np.dot(node - push["start"], push["direction"]))
+        travelled = float(np.dot(pusher - push["start_pusher"], push["direction"]))
+        if moved >= push["length"] - 0.002 or travelled >= push["length"] + self.STANDOFF + 0.01:
+            return None
+        return push["start_pusher"] + push["direction"] * (push["length"] + self.STANDOFF + 0.01)
 
 
-class PileExpert(_PointPusher):
-    """Sweep the object outside the goal region that is closest to it into the region."""
+class PileExpert(_PlannedPusher):
+    """Push the object outside the goal that is cheapest to bring in toward the goal centre,
+    approaching it from the far side around the other objects and steering to keep it in front."""
 
-    def choose(self, task_state: TaskState):
-        poses = task_state.object_poses[:, :2]
+    RADIUS = 0.018         # object footprint (a cube's half diagonal)
+    CONTACT = 0.0125       # pusher-face to object-centre distance when pushing a face
+    PUSH_SPEED = 0.02
+    INSIDE_MARGIN = 0.022  # push until this far inside the goal edge
+    REPUSH_MARGIN = 0.004  # objects less deep inside than this are pushed in again
+
+    def _positions(self, task_state: TaskState) -> np.ndarray:
+        return task_state.object_poses[:, :2]
+
+    def obstacles(self, task_state: TaskState) -> Obstacles:
+        p = self._positions(task_state)
+        return Obstacles(p, p, self.RADIUS)
+
+    def roadmap(self, task_state: TaskState) -> np.ndarray:
+        angles = np.linspace(0, 2 * np.pi, 8, endpoint=False)
+        ring = (self.RADIUS + self.GAP + 0.008) * np.stack([np.cos(angles), np.sin(angles)], -1)
+        return (self._positions(task_state)[:, None] + ring[None]).reshape(-1, 2)
+
+    def candidates(self, task_state: TaskState, pusher: np.ndarray) -> list[dict]:
+        positions = self._positions(task_state)
         centre = task_state.goal_pose[:2]
         radius = self.sim.task.GOAL_RADIUS
-        distance = np.linalg.norm(poses - centre, axis=1)
-        outside = np.flatnonzero(distance > radius - 0.01)
-        candidates = []
-        for i in outside[np.argsort(distance[outside])]:
-            toward = centre - poses[i]
-            candidates.append((int(i), centre - toward / np.linalg.norm(toward) * (radius * 0.4)))
-        return candidates
+        obstacles = self.obstacles(task_state)
+        result = []
+        for i, p in enumerate(positions):
+            offset = centre - p
+            distance = float(np.linalg.norm(offset))
+            if distance <= radius - self.REPUSH_MARGIN or i in self.banned:
+                continue
+            heading = math.atan2(offset[1], offset[0])
+            # Straight at the centre, else slanted while the push line still crosses the goal well
+            # inside (another object may sit where the pusher should start).
+            slant_max = math.asin(min(1.0, (radius - self.INSIDE_MARGIN) / distance))
+            for slant in (0.0, 0.3, -0.3, 0.6, -0.6):
+                if abs(slant) > slant_max:
+                    continue
+                direction = np.array([math.cos(heading + slant), math.sin(heading + slant)])
+                pre = p - direction * (PUSHER_RADIUS + self.RADIUS + self.STANDOFF)
+                if obstacles.clearance(pre)[0] < self.GAP or np.linalg.norm(self.reachable(pre) - pre) > 1e-3:
+                    continue
+                cost = (np.linalg.norm(pre - pusher) / self.max_step
+                        + (distance - radius + self.INSIDE_MARGIN) / self.PUSH_SPEED + 3 * abs(slant))
+                aim = p + direction * max(distance * math.cos(slant), 0.0)  # nearest the centre on that line
+                result.append(dict(index=i, pre=pre, direction=direction, aim=aim, value=-cost))
+                break
+        result.sort(key=lambda c: -c["value"])
+        return result
+
+    def push_setpoint(self, task_state: TaskState, pusher: np.ndarray):
+        push = self.push
+        obj = self._positions(task_state)[push["index"]]
+        centre = task_state.goal_pose[:2]
+        if np.linalg.norm(centre - obj) <= self.sim.task.GOAL_RADIUS - self.INSIDE_MARGIN:
+            return None
+        if np.linalg.norm(push["aim"] - obj) < 0.01:
+            push["aim"] = centre
+        offset = push["aim"] - obj
+        distance = float(np.linalg.norm(offset))
+        direction = offset / max(distance, 1e-9)
+        rel = pusher - obj
+        lateral = abs(float(rel[0] * direction[1] - rel[1] * direction[0]))
+        if np.linalg.norm(rel) > PUSHER_RADIUS + self.RADIUS + self.STANDOFF + 0.01 or lateral > 0.014:
+            return None  # lost it: choose again
+        push["direction"] = direction
+        # Steer: stay on the line from the goal through the object, one push step past contact.
+        behind = obj - direction * (PUSHER_RADIUS + self.CONTACT)
+        return behind + direction * min(self.PUSH_SPEED, distance)
 
 
 # ----------------------------------------------------------------------------------------------

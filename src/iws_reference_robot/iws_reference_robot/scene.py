@@ -2,7 +2,8 @@
 
 The XML is generated in Python so that the camera follows the robot profile (size, intrinsics) and
 each task can add its own bodies. Everything the arm touches lies in the table plane (z = 0 is the
-table top, the arm base sits at the table-frame origin), so objects only need planar joints.
+table top, the arm base sits at the table-frame origin), so objects only need planar joints (the
+rope also slides in z so that its capsules rest on a hidden table plane with friction contacts).
 """
 from __future__ import annotations
 
@@ -25,12 +26,16 @@ LINK2_Z = 0.05
 CAMERA_CENTER = (0.0, 0.23)
 CAMERA_HEIGHT = 0.79
 
-# Collision classes: objects collide with each other and with the pusher; the rope collides only
-# with the pusher (no self-contacts, cheaper); arm links and the table collide with nothing.
+# Collision classes: objects collide with each other and with the pusher; the rope collides with
+# the pusher and with the table surface (TABLE_CONTACT, which touches nothing else), not with
+# itself (cheaper); arm links and the visible table box collide with nothing.
 OBJECT_CONTACT = 'contype="1" conaffinity="1"'
-ROPE_CONTACT = 'contype="2" conaffinity="0"'
+ROPE_CONTACT = 'contype="6" conaffinity="0"'
 PUSHER_CONTACT = 'contype="1" conaffinity="3"'
+TABLE_CONTACT = 'contype="0" conaffinity="4"'
 NO_CONTACT = 'contype="0" conaffinity="0"'
+# Geoms in this group exist for physics only: the renderer shows groups 0-2.
+HIDDEN_GROUP = 3
 
 # Colours with strong contrast on a light table (the images train a world model).
 RGBA = {
@@ -46,9 +51,6 @@ RGBA = {
 }
 
 TIMESTEP = 0.005
-# Air-like drag on every body stands in for table friction per rope segment (a joint tree has no
-# per-body friction); for the other objects it only adds a little damping.
-VISCOSITY = 3.0
 
 
 def camera_fovy_deg(profile: RobotProfile) -> float:
@@ -104,7 +106,7 @@ def build_scene_xml(profile: RobotProfile, task_bodies: str = "", goal_marker: s
     cx, cy = CAMERA_CENTER
     return f"""<mujoco model="iws_reference_{profile.name}">
   <compiler angle="radian"/>
-  <option timestep="{TIMESTEP}" integrator="implicitfast" gravity="0 0 -9.81" cone="pyramidal" viscosity="{VISCOSITY}">
+  <option timestep="{TIMESTEP}" integrator="implicitfast" gravity="0 0 -9.81" cone="pyramidal">
     <flag energy="disable"/>
   </option>
   <visual>

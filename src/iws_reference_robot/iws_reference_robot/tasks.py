@@ -1,9 +1,10 @@
 """The three reference tasks, one per object family: rigid (push_t), deformable (rope), pile.
 
-Objects move only in the table plane (slide x, slide y, hinge z joints). Coulomb-like resistance on
-those joints (frictionloss) stands in for table friction, so objects stop when the pusher lets go,
-as in quasi-static tabletop pushing. Each task builds its MJCF fragment, resets its objects from a
-random generator and scores itself from ground truth.
+Objects move only in the table plane (slide x, slide y, hinge z joints). For the rigid objects,
+Coulomb-like resistance on those joints (frictionloss) stands in for table friction, so objects stop
+when the pusher lets go, as in quasi-static tabletop pushing. The rope, a chain whose segments need
+friction each, rests on the table with real contacts instead (see Rope). Each task builds its MJCF
+fragment, resets its objects from a random generator and scores itself from ground truth.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import math
 
 import numpy as np
 
-from .scene import NO_CONTACT, OBJECT_CONTACT, RGBA, ROPE_CONTACT
+from .scene import CAMERA_CENTER, HIDDEN_GROUP, NO_CONTACT, OBJECT_CONTACT, RGBA, ROPE_CONTACT, TABLE_CONTACT
 
 GOAL_Z = 0.0005
 # Where objects are put at reset (inside the reach annulus and well inside the camera view).
@@ -205,7 +206,14 @@ class PushT(Task):
 # rope
 
 class Rope(Task):
-    """Lay a rope (chain of capsules with bending springs) along a target arc; score = coverage."""
+    """Lay a rope (chain of capsules with bending springs) along a target arc; score = coverage.
+
+    The rope lies on the table with real contacts: gravity presses every capsule onto a hidden
+    table plane and each capsule's contact friction holds it in place, so a push bends the rope
+    where the pusher is while the rest stays put. The chain stays in the table plane: its root
+    slides in x, y, z and turns about z, the bending joints turn about z (the root's z slide gives
+    every segment's contact its normal force).
+    """
 
     name = "rope"
     success_threshold = 0.8
@@ -215,6 +223,14 @@ class Rope(Task):
     TOLERANCE = 0.02
     TARGET_POINTS = 25
     MARKERS = 13
+    MASS = 0.004            # kg per segment
+    FRICTION = 0.5          # capsule-table sliding friction
+    BEND_STIFFNESS = 0.002  # N m / rad per joint
+    BEND_DAMPING = 0.0004
+    BEND_LIMIT = 1.0        # rad per joint
+    # Soft contacts let a rope held only by friction creep under its own bending springs (about a
+    # millimetre in 10 s); a few no-slip iterations make its static friction hold exactly.
+    NOSLIP_ITERATIONS = 5
 
     @property
     def length(self) -> float:
@@ -222,15 +238,23 @@ class Rope(Task):
 
     def mjcf(self) -> str:
         L, r = self.SEG_LEN, self.RADIUS
-        geom = (f'<geom type="capsule" fromto="0 0 {r} {L} 0 {r}" size="{r}" rgba="{RGBA["rope"]}" mass="0.004" '
-                f'friction="0.4 0.005 0.0001" {ROPE_CONTACT}/>')
+        geom = (f'<geom type="capsule" fromto="0 0 {r} {L} 0 {r}" size="{r}" rgba="{RGBA["rope"]}" mass="{self.MASS}" '
+                f'friction="{self.FRICTION} 0.005 0.0001" solimp="0.99 0.995 0.001" {ROPE_CONTACT}/>')
         xml = ""
         for i in reversed(range(self.SEGMENTS)):
-            joint = (planar_joints_xml("rope_root", 0.02, 0.0002, 0.05) if i == 0 else
-                     f'<joint name="rope_j{i}" type="hinge" axis="0 0 1" stiffness="0.004" damping="0.0015" frictionloss="0.0002" range="-1 1" limited="true"/>')
+            if i == 0:
+                joint = ('<joint name="rope_root_x" type="slide" axis="1 0 0"/>'
+                         '<joint name="rope_root_y" type="slide" axis="0 1 0"/>'
+                         '<joint name="rope_root_z" type="slide" axis="0 0 1"/>'
+                         '<joint name="rope_root_yaw" type="hinge" axis="0 0 1"/>')
+            else:
+                joint = (f'<joint name="rope_j{i}" type="hinge" axis="0 0 1" stiffness="{self.BEND_STIFFNESS}" '
+                         f'damping="{self.BEND_DAMPING}" range="-{self.BEND_LIMIT} {self.BEND_LIMIT}" limited="true"/>')
             pos = "0 0 0" if i == 0 else f"{L} 0 0"
             xml = f'<body name="rope_{i}" pos="{pos}">{joint}{geom}{xml}</body>'
-        return xml
+        table = (f'<geom name="rope_table" type="plane" size="0.5 0.5 0.01" pos="{CAMERA_CENTER[0]} {CAMERA_CENTER[1]} 0" '
+                 f'group="{HIDDEN_GROUP}" friction="{self.FRICTION} 0.005 0.0001" {TABLE_CONTACT}/>')
+        return table + xml
 
     def goal_mjcf(self) -> str:
         geoms = "".join(f'<geom name="rope_goal_{i}" type="cylinder" size="0.008 0.0005" pos="{0.01 * (i + 1):.3g} 0.001 0" rgba="{RGBA["goal"]}" {NO_CONTACT}/>'
@@ -239,7 +263,10 @@ class Rope(Task):
 
     def bind(self, model, data) -> None:
         super().bind(model, data)
+        model.opt.noslip_iterations = self.NOSLIP_ITERATIONS
         self.root = PlanarBody(model, "rope_root")
+        self.root_z_qpos = model.joint("rope_root_z").qposadr[0]
+        self.root_z_dof = model.joint("rope_root_z").dofadr[0]
         self.bend_qpos = np.array([model.joint(f"rope_j{i}").qposadr[0] for i in range(1, self.SEGMENTS)])
         self.bend_dof = np.array([model.joint(f"rope_j{i}").dofadr[0] for i in range(1, self.SEGMENTS)])
         self.body_ids = np.array([model.body(f"rope_{i}").id for i in range(self.SEGMENTS)])
@@ -275,14 +302,27 @@ class Rope(Task):
         local = self.arc_points(curvature, self.length, self.MARKERS)
         for gid, (x, y) in zip(self.marker_ids, local):
             self.model.geom_pos[gid] = [x, y, 0.0]
+        margin = 0.02
+        bend = np.zeros(self.SEGMENTS - 1)  # fallback: straight, centred (never needed in practice)
+        root = np.array([-self.length / 2, 0.3, 0.0])
         for _ in range(200):
+            # A random shape and heading, then a random shift among those that keep it in the workspace.
             bend = rng.uniform(-7.0, 7.0) * self.SEG_LEN + rng.normal(0, 0.05, self.SEGMENTS - 1)
             bend = np.clip(bend, -0.5, 0.5)
-            root = np.array([rng.uniform(-0.15, 0.15), rng.uniform(0.22, 0.39), rng.uniform(-np.pi, np.pi)])
-            nodes = self._chain_nodes(root, bend)
-            if self._in_workspace(nodes, 0.02) and self._coverage(nodes) < 0.4 and self.clear_of_keepout(nodes, self.RADIUS):
+            yaw = rng.uniform(-np.pi, np.pi)
+            shape = self._chain_nodes(np.array([0.0, 0.0, yaw]), bend)
+            low = np.array([WORKSPACE_X[0], WORKSPACE_Y[0]]) + margin + 1e-4 - shape.min(axis=0)
+            high = np.array([WORKSPACE_X[1], WORKSPACE_Y[1]]) - margin - 1e-4 - shape.max(axis=0)
+            if np.any(high < low):
+                continue
+            shift = rng.uniform(low, high)
+            root = np.array([shift[0], shift[1], yaw])
+            nodes = shape + shift
+            if self._coverage(nodes) < 0.4 and self.clear_of_keepout(nodes, self.RADIUS):
                 break
         self.root.set(self.data, root)
+        self.data.qpos[self.root_z_qpos] = 0.0  # resting on the table
+        self.data.qvel[self.root_z_dof] = 0.0
         self.data.qpos[self.bend_qpos] = bend
         self.data.qvel[self.bend_dof] = 0.0
 
