@@ -14,6 +14,7 @@ from pathlib import Path
 import time
 
 import numpy as np
+from rclpy.duration import Duration
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
@@ -74,9 +75,24 @@ class LockstepClient:
             time.sleep(0.01)
         return response
 
-    def send(self, values, settle: float = 0.3) -> None:
+    def send(self, values, settle: float = 0.1) -> None:
+        """Publish a command and wait until the backend's DDS reader acknowledged it: commands and
+        StepWorld travel on different channels, and a loaded machine can delay either."""
         self.command.publish(Float64MultiArray(data=[float(v) for v in values]))
-        time.sleep(settle)  # commands and StepWorld travel on different channels
+        if not self.command.wait_for_all_acked(Duration(seconds=10)):
+            raise TimeoutError("the backend did not acknowledge the command within 10 s")
+        time.sleep(settle)
+
+    def step_until_at(self, target, atol: float = 0.05, max_steps: int = 60) -> int:
+        """Step one at a time until the joints are within ``atol`` of ``target``; returns the steps
+        taken. A command travels on another channel than StepWorld, so on a loaded machine it may
+        arrive a few steps late: what is tested is that it arrives and is followed."""
+        target = np.asarray(target, dtype=np.float64)
+        for taken in range(1, max_steps + 1):
+            self.step(1)
+            if np.abs(self.latest_joints() - target).max() <= atol:
+                return taken
+        raise AssertionError(f"joints {self.latest_joints()} did not reach {target} within {max_steps} steps")
 
     def latest_pixels(self) -> np.ndarray:
         return image_to_numpy(self.images[-1]).astype(np.int16)

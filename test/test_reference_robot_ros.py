@@ -67,10 +67,10 @@ def test_command_moves_joints_and_changes_image(lockstep):
     start_joints, start_pixels = lockstep.latest_joints(), lockstep.latest_pixels()
     target = np.asarray(PROFILE.joints.home) + np.array([0.6, -0.5, 0.8])
     lockstep.send(target)
-    lockstep.step(20)
+    steps = lockstep.step_until_at(target)
+    assert steps >= 3, "0.8 rad at 3 rad/s takes at least 3 control steps"
     moved = lockstep.latest_joints()
     assert np.abs(moved - start_joints).max() > 0.3
-    np.testing.assert_allclose(moved, target, atol=0.05)
     assert np.abs(lockstep.latest_pixels() - start_pixels).mean() > 0.5, "the arm moved but the image did not change"
 
 
@@ -82,11 +82,13 @@ def test_trajectory_is_followed(lockstep):
     msg = JointTrajectory(joint_names=[names[i] for i in order])
     msg.points = [JointTrajectoryPoint(positions=[float(goal[i]) for i in order], time_from_start=Duration(sec=1))]
     lockstep.trajectory.publish(msg)
-    time.sleep(0.3)
-    lockstep.step(5)
+    for _ in range(30):  # the trajectory starts when it arrives
+        lockstep.step(1)
+        if np.abs(lockstep.latest_joints() - start).max() > 1e-4:
+            break
+    lockstep.step(4)
     halfway = lockstep.latest_joints()
-    lockstep.step(15)
-    np.testing.assert_allclose(lockstep.latest_joints(), goal, atol=0.05)
+    lockstep.step_until_at(goal, max_steps=15)
     progress = np.abs(halfway - start) / np.abs(goal - start)
     assert np.all((progress > 0.2) & (progress < 0.9)), f"not interpolated over 1 s: {progress}"
 
@@ -95,7 +97,7 @@ def test_reset_restores_initial_state(lockstep):
     first = lockstep.reset(11)
     pixels, joints = lockstep.latest_pixels(), lockstep.latest_joints()
     lockstep.send(np.asarray(PROFILE.joints.home) + 0.5)
-    lockstep.step(10)
+    lockstep.step_until_at(np.asarray(PROFILE.joints.home) + 0.5)
     assert np.abs(lockstep.latest_joints() - joints).max() > 0.2
     second = lockstep.reset(11)
     assert stamp_ns(second.first_frame_stamp) > stamp_ns(first.first_frame_stamp), "the clock must not go back on reset"
@@ -108,7 +110,7 @@ def test_reset_restores_initial_state(lockstep):
 def test_bad_commands_are_rejected_and_the_node_keeps_running(lockstep):
     home = np.asarray(PROFILE.joints.home)
     lockstep.send(home + 0.2)
-    lockstep.step(10)
+    lockstep.step_until_at(home + 0.2, atol=1e-3)
     good = lockstep.latest_joints()
     lockstep.send([float("nan"), 0.0, 0.0], settle=0.0)
     lockstep.send([float("inf"), 0.0, 0.0], settle=0.0)
@@ -131,8 +133,7 @@ def test_bad_commands_are_rejected_and_the_node_keeps_running(lockstep):
 
     beyond = np.asarray(PROFILE.joints.upper) + 1.0
     lockstep.send(beyond)
-    lockstep.step(40)
-    np.testing.assert_allclose(lockstep.latest_joints(), PROFILE.joints.upper, atol=0.05)
+    lockstep.step_until_at(PROFILE.joints.upper)
     assert lockstep.node.alive()
     log = lockstep.node.output()
     for kind in ("non_finite", "wrong_length", "unknown_joint", "time_order"):

@@ -27,6 +27,11 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 from iws_common.profile import ProfileError, RobotProfile, load_profile  # noqa: E402
 from iws_data.bags import DEFAULT_STORAGE, STORAGES, BagError, BagWriter  # noqa: E402
 
+# ROS message types only (no node, no DDS): bags hold exactly what the ROS node publishes.
+from iws_common.messages import time_msg  # noqa: E402
+from iws_interfaces.msg import EpisodeEvent  # noqa: E402
+from std_msgs.msg import Float64MultiArray  # noqa: E402
+
 PARTIAL_DIR = ".partial"
 # Sim clock of every episode starts here (not at 0, which ROS reads as "no stamp").
 CLOCK_START_NS = 1_000_000_000
@@ -73,50 +78,6 @@ def make_policy(kind: str, task: str, sim):
     return make_expert(task if kind == "expert" else POLICIES[kind], sim)
 
 
-def time_msg(nanoseconds: int):
-    from builtin_interfaces.msg import Time
-
-    return Time(sec=nanoseconds // 1_000_000_000, nanosec=nanoseconds % 1_000_000_000)
-
-
-class EpisodeMessages:
-    """The reference node's messages, allocated once and refilled every step."""
-
-    def __init__(self, profile: RobotProfile):
-        from sensor_msgs.msg import Image, JointState
-        from std_msgs.msg import Float64MultiArray
-
-        from iws_interfaces.msg import EpisodeEvent, TaskState
-
-        try:
-            from iws_reference_robot.node import camera_info_msg
-        except ImportError:  # the node module needs only ROS messages; keep collect usable without it
-            camera_info_msg = None
-        self.profile = profile
-        self.image = Image()
-        self.joint_states = JointState()
-        self.joint_states.name = list(profile.joints.names)
-        self.command = Float64MultiArray()
-        self.task_state = TaskState()
-        self.task_state.header.frame_id = profile.base_frame
-        self.EpisodeEvent = EpisodeEvent
-        self.camera_info = camera_info_msg(profile.camera, profile.camera.frame_id) if camera_info_msg else self._camera_info()
-
-    def _camera_info(self):
-        from sensor_msgs.msg import CameraInfo
-
-        camera = self.profile.camera
-        info = CameraInfo()
-        info.header.frame_id = camera.frame_id
-        info.width, info.height = camera.width, camera.height
-        info.distortion_model = "plumb_bob"
-        info.d = [0.0] * 5
-        info.k = camera.intrinsics_matrix()
-        info.r = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
-        info.p = [camera.fx, 0.0, camera.cx, 0.0, 0.0, camera.fy, camera.cy, 0.0, 0.0, 0.0, 1.0, 0.0]
-        return info
-
-
 @dataclasses.dataclass
 class EpisodeResult:
     index: int
@@ -145,7 +106,10 @@ class Collector:
         self.storage = storage
         self.sim = ReferenceSim(profile, task=task, seed=seed)
         self.follower = JointCommandFollower(profile.joints)
-        self.messages = EpisodeMessages(profile)
+        from iws_reference_robot.observation import ObservationMessages
+
+        self.observation = ObservationMessages(profile)
+        self.command_msg = Float64MultiArray()
         self.dt_ns = round(profile.control_period_s * 1e9)
 
     def policy_for(self, index: int) -> tuple[str, object, np.random.Generator]:
@@ -157,35 +121,15 @@ class Collector:
     def _write_observation(self, bag: BagWriter, stamp_ns: int):
         from rclpy.serialization import serialize_message
 
-        from iws_common.image_conversion import convert_encoding, numpy_to_image
-
-        sim, msgs, topics, camera = self.sim, self.messages, self.profile.topics, self.profile.camera
-        stamp = time_msg(stamp_ns)
-        js = msgs.joint_states
-        js.header.stamp = stamp
-        js.position = sim.joint_positions().tolist()
-        js.velocity = sim.joint_velocities().tolist()
-        bag.write(topics.joint_states, serialize_message(js), stamp_ns)
-        pixels = sim.render()
-        if camera.encoding != "rgb8":
-            pixels = convert_encoding(pixels, "rgb8", camera.encoding)
-        numpy_to_image(pixels, camera.encoding, msg=msgs.image, stamp=stamp, frame_id=camera.frame_id)
-        bag.write(topics.image, serialize_message(msgs.image), stamp_ns)
-        msgs.camera_info.header.stamp = stamp
-        bag.write(topics.camera_info, serialize_message(msgs.camera_info), stamp_ns)
-        state = sim.task_state()
-        ts = msgs.task_state
-        ts.header.stamp = stamp
-        ts.task, ts.score, ts.success = state.task, float(state.score), bool(state.success)
-        ts.object_poses = np.asarray(state.object_poses, dtype=np.float64).ravel().tolist()
-        ts.goal_pose = np.asarray(state.goal_pose, dtype=np.float64).ravel().tolist()
-        bag.write(topics.task_state, serialize_message(ts), stamp_ns)
+        messages, state = self.observation.fill(self.sim, time_msg(stamp_ns))
+        for topic, msg in messages:
+            bag.write(topic, serialize_message(msg), stamp_ns)
         return state
 
     def _write_event(self, bag: BagWriter, event: int, index: int, stamp_ns: int, success=False, score=float("nan")) -> None:
         from rclpy.serialization import serialize_message
 
-        msg = self.messages.EpisodeEvent(event=event, episode_index=index, task=self.task,
+        msg = EpisodeEvent(event=event, episode_index=index, task=self.task,
                                          success=bool(success), score=float(score))
         msg.header.stamp = time_msg(stamp_ns)
         msg.header.frame_id = self.profile.base_frame
@@ -214,9 +158,9 @@ class Collector:
         bag = BagWriter(partial, self.profile, RECORDED_KINDS, storage=self.storage, flush_interval_s=None, custom_data=custom)
         try:
             clock_ns = CLOCK_START_NS
-            self._write_event(bag, self.messages.EpisodeEvent.START, index, clock_ns)
+            self._write_event(bag, EpisodeEvent.START, index, clock_ns)
             state = self._write_observation(bag, clock_ns)
-            command_msg = self.messages.command
+            command_msg = self.command_msg
             for _ in range(self.steps):
                 command = np.asarray(policy.act(state, self.sim.joint_positions()), dtype=np.float64).reshape(-1)
                 command_msg.data = command.tolist()
@@ -228,7 +172,7 @@ class Collector:
                 self.sim.step(self.follower.step(clock_ns * 1e-9, dt))
                 clock_ns += self.dt_ns
                 state = self._write_observation(bag, clock_ns)
-            self._write_event(bag, self.messages.EpisodeEvent.END, index, clock_ns, state.success, state.score)
+            self._write_event(bag, EpisodeEvent.END, index, clock_ns, state.success, state.score)
             bag.close()
         except BaseException:
             bag.abort()
