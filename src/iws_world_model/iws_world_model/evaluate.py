@@ -1,0 +1,340 @@
+"""`iws eval openloop` and `iws eval longrun`: how faithful, and how stable, a world model is.
+
+    iws eval openloop --model runs/push_t --data data/push_t_dataset [--baseline-mse runs/push_t_mse]
+    iws eval longrun  --model runs/push_t --minutes 10 --rate 15
+
+openloop (the paper's protocol): on held-out episodes, start from the first ``window`` real frames,
+replay the recorded actions open loop for ``horizon`` steps and compare every predicted frame with
+the real one at the model's resolution: PSNR, SSIM, joint error and, for push_t, the T's pose as
+the pixel estimator sees it. Copy-last-frame (and optionally an MSE-dynamics checkpoint) run on the
+same episodes, so every number has a reference.
+
+longrun: a closed loop with the scripted pixel push_t expert for many minutes, to catch drift that
+open-loop metrics miss: per simulated minute, how often the T is still found and whether frames
+stay inside the pixel statistics of real data.
+
+No ROS here. The long run lives in ``longrun.py``: the expert's module
+(iws_reference_robot.expert_policy) imports rclpy at its top, so it is imported only there, lazily.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from iws_data.dataset import Dataset, DatasetError, Episode
+
+from . import metrics
+from .checkpoint import CheckpointError
+from .world_model import WorldModel, images_to_tensor, tensor_to_images, upscale
+
+DEFAULT_HORIZON = 192
+POSE_TASK = "push_t"
+MODEL, COPY_LAST, MSE = "world_model", "copy_last", "mse_baseline"
+
+
+class EvalError(RuntimeError):
+    """Evaluation cannot run as asked (no usable episodes, mismatched models, ...)."""
+
+
+def resize(images: np.ndarray, size: int, chunk: int = 256) -> np.ndarray:
+    """uint8 (M, H, W, 3) -> (M, size, size, 3), area-resized exactly as WorldModel resizes its inputs."""
+    images = np.asarray(images)
+    out = [tensor_to_images(images_to_tensor(images[i:i + chunk], size, "cpu")) for i in range(0, len(images), chunk)]
+    return np.concatenate(out) if out else np.zeros((0, size, size, 3), np.uint8)
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def progress_bar(total: int, desc: str, progress: bool, unit: str = "step"):
+    return tqdm(total=total, desc=desc, unit=unit, disable=not progress, dynamic_ncols=True, file=sys.stderr)
+
+
+def load_robot_profile(name: str | None):
+    """The robot profile a dataset or checkpoint names (reference_arm when it names none)."""
+    from iws_common.profile import ProfileError, load_profile
+
+    try:
+        return load_profile(name or "reference_arm")
+    except ProfileError as exc:
+        raise EvalError(f"robot profile {name!r}: {exc}") from exc
+
+
+def _pose_estimator(profile_name: str | None):
+    """The push_t pixel estimator for the dataset's robot profile (numpy only)."""
+    from iws_reference_robot.perception import PushTPoseEstimator
+
+    profile = load_robot_profile(profile_name)
+    return PushTPoseEstimator(profile), profile
+
+
+# open loop ------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class OpenLoopData:
+    """N held-out episodes cut for an open-loop run of H steps after a K-frame context."""
+
+    episodes: list[Episode]
+    context_images: np.ndarray   # (N, K, Hc, Wc, 3) uint8, camera resolution (the model resizes)
+    context_joints: np.ndarray   # (N, K, J)
+    context_actions: np.ndarray  # (N, K, J)
+    future_actions: np.ndarray   # (N, H, J): actions[K-1+h] produces frame K+h
+    real_images: np.ndarray      # (N, H, S, S, 3) uint8, frames K..K+H-1 at model resolution
+    real_joints: np.ndarray      # (N, H, J)
+    valid: np.ndarray            # (N, H) bool: the episode has a real frame at this step
+    last_image: np.ndarray       # (N, S, S, 3): context frame K-1 at model resolution (copy-last)
+    last_joints: np.ndarray      # (N, J)
+
+    @property
+    def horizon(self) -> int:
+        return self.valid.shape[1]
+
+
+def select_episodes(dataset: Dataset, split: str, count: int, window: int, horizon: int) -> list[Episode]:
+    """Up to ``count`` episodes of ``split`` that allow at least one predicted step; episodes long
+    enough for the whole horizon come first, then the longest of the rest (index order in the end)."""
+    episodes = dataset.split(split)
+    if not episodes:
+        raise EvalError(f"{dataset.root}: no '{split}' episodes (splits present: "
+                        f"{sorted({e.split for e in dataset.episodes})})")
+    usable = [e for e in episodes if e.length >= window + 1]
+    if not usable:
+        raise EvalError(f"{dataset.root}: no '{split}' episode is long enough for open loop: need at least "
+                        f"window + 1 = {window + 1} frames (window + horizon = {window + horizon} for the full "
+                        f"horizon), the longest has {max(e.length for e in episodes)}")
+    full = [e for e in usable if e.length >= window + horizon]
+    rest = sorted((e for e in usable if e.length < window + horizon), key=lambda e: -e.length)
+    return sorted((full + rest)[:count], key=lambda e: e.index)
+
+
+def load_open_loop_data(dataset: Dataset, window: int, horizon: int, count: int, size: int,
+                        split: str = "val") -> OpenLoopData:
+    episodes = select_episodes(dataset, split, count, window, horizon)
+    h_eff = min(horizon, max(e.length for e in episodes) - window)
+    n, j = len(episodes), len(dataset.joint_names)
+    cam_h, cam_w = dataset.image_size
+    ctx_images = np.zeros((n, window, cam_h, cam_w, 3), np.uint8)
+    ctx_joints, ctx_actions = np.zeros((n, window, j), np.float32), np.zeros((n, window, j), np.float32)
+    future = np.zeros((n, h_eff, j), np.float32)
+    real_images = np.zeros((n, h_eff, size, size, 3), np.uint8)
+    real_joints = np.zeros((n, h_eff, j), np.float32)
+    valid = np.zeros((n, h_eff), bool)
+    last_image = np.zeros((n, size, size, 3), np.uint8)
+    for i, e in enumerate(episodes):
+        steps = min(h_eff, e.length - window)
+        frames = slice(e.start, e.start + window + steps)
+        images = np.asarray(dataset.images[frames])
+        joints = np.asarray(dataset.joint_positions[frames], np.float32)
+        actions = np.asarray(dataset.actions[frames], np.float32)
+        ctx_images[i], ctx_joints[i], ctx_actions[i] = images[:window], joints[:window], actions[:window]
+        small = resize(images[window - 1:], size)
+        last_image[i], real_images[i, :steps] = small[0], small[1:]
+        real_joints[i, :steps] = joints[window:]
+        future[i, :steps] = actions[window - 1:window - 1 + steps]
+        future[i, steps:] = actions[-1]  # a short episode holds its last command (its steps are not scored)
+        valid[i, :steps] = True
+    return OpenLoopData(episodes, ctx_images, ctx_joints, ctx_actions, future, real_images, real_joints, valid,
+                        last_image, ctx_joints[:, -1].copy())
+
+
+def rollout_open_loop(world: WorldModel, data: OpenLoopData, seed: int, desc: str = "rollout",
+                      progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """All N episodes as parallel worlds: (N, H, S, S, 3) uint8 frames and (N, H, J) joints."""
+    n, horizon = data.valid.shape
+    world.reset(data.context_images, data.context_joints, data.context_actions, seed=seed)
+    images = np.zeros((n, horizon, world.image_size, world.image_size, 3), np.uint8)
+    joints = np.zeros((n, horizon, world.joint_dim), np.float32)
+    with progress_bar(horizon, desc, progress) as bar:
+        for h in range(horizon):
+            images[:, h], joints[:, h] = world.step(data.future_actions[:, h])
+            bar.update(1)
+    return images, joints
+
+
+def copy_last(data: OpenLoopData) -> tuple[np.ndarray, np.ndarray]:
+    """The copy-last-frame baseline: the last context frame and joint state, repeated."""
+    horizon = data.horizon
+    return (np.repeat(data.last_image[:, None], horizon, 1), np.repeat(data.last_joints[:, None], horizon, 1))
+
+
+def frame_poses(estimator, images: np.ndarray, valid: np.ndarray, camera_hw: tuple[int, int],
+                bar=None) -> tuple[np.ndarray, np.ndarray]:
+    """T pose of each valid frame (N, H, S, S, 3), estimated at camera resolution (the frames are
+    upscaled as the node publishes them); found (N, H) and poses (N, H, 3)."""
+    found = np.zeros(valid.shape, bool)
+    poses = np.full((*valid.shape, 3), np.nan)
+    idx = np.nonzero(valid)
+    if len(idx[0]):
+        big = upscale(images[idx], *camera_hw)
+        found[idx], poses[idx] = metrics.estimate_poses(estimator, big, bar)
+    return found, poses
+
+
+def score_open_loop(pred_images: np.ndarray, pred_joints: np.ndarray, data: OpenLoopData,
+                    real_poses: tuple | None = None, pred_poses: tuple | None = None) -> dict:
+    """Per-step curves (averaged over the episodes that reach the step) and their horizon means."""
+    valid = data.valid
+    fidelity = metrics.frame_fidelity(pred_images, data.real_images)
+    per_step = {"psnr": metrics.masked_mean(fidelity["psnr"], valid),
+                "ssim": metrics.masked_mean(fidelity["ssim"], valid),
+                "joint_mae_rad": metrics.masked_mean(metrics.joint_error(pred_joints, data.real_joints), valid)}
+    if real_poses is not None and pred_poses is not None:
+        (real_found, real_pose), (pred_found, pred_pose) = real_poses, pred_poses
+        seen = valid & real_found  # only frames where the T is visible in the real frame are judged
+        position, yaw = metrics.pose_errors(pred_pose, real_pose)
+        per_step["t_found_rate"] = metrics.masked_mean(pred_found.astype(np.float64), seen)
+        per_step["t_position_error_mm"] = metrics.masked_mean(position, seen & pred_found)
+        per_step["t_yaw_error_deg"] = metrics.masked_mean(yaw, seen & pred_found)
+    summary = {k: float(metrics.masked_mean(v, np.ones_like(v, bool))) for k, v in per_step.items()}
+    summary["psnr_last_step"] = float(per_step["psnr"][-1])
+    return {"per_step": per_step, "summary": summary}
+
+
+def side_by_side(panels: list[np.ndarray], step: int, scale: int) -> np.ndarray:
+    """One video frame: the model-resolution panels side by side, enlarged, the step number drawn."""
+    from iws_data.info import draw_text
+
+    big = [np.repeat(np.repeat(p, scale, 0), scale, 1) for p in panels]
+    gap = np.full((big[0].shape[0], 2, 3), 255, np.uint8)
+    frame = np.concatenate([x for p in big for x in (p, gap)][:-1], axis=1)
+    draw_text(frame, str(step), 3, 3, scale=2)
+    return frame
+
+
+def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: int = DEFAULT_HORIZON,
+             baseline_mse: str | Path | None = None, out: str | Path | None = None, videos: int = 2,
+             seed: int = 0, split: str = "val", pose: bool = True, device: str | None = None,
+             progress: bool = True) -> dict:
+    """Run the open-loop protocol; writes OUT/openloop.json and the videos, returns the report."""
+    started = time.time()
+    if horizon < 1 or episodes < 1:
+        raise EvalError(f"horizon and episodes must be >= 1, got {horizon} and {episodes}")
+    device = device or default_device()
+    world = WorldModel.load(model, device)
+    dataset = Dataset(data)
+    if dataset.joint_names and world.joint_names and dataset.joint_names != world.joint_names:
+        raise EvalError(f"{data}: joints {dataset.joint_names} differ from the model's {world.joint_names}")
+    worlds = {MODEL: world}
+    if baseline_mse:
+        mse = WorldModel.load(baseline_mse, device)
+        if (mse.image_size, mse.config.window) != (world.image_size, world.config.window):
+            raise EvalError(f"{baseline_mse}: image size {mse.image_size} / window {mse.config.window} differ from "
+                            f"{model}'s {world.image_size} / {world.config.window}; open loop compares like with like")
+        if mse.config.dynamics_objective != "mse":
+            print(f"iws eval openloop: note: {baseline_mse} has dynamics_objective "
+                  f"{mse.config.dynamics_objective!r}, not 'mse'", file=sys.stderr)
+        worlds[MSE] = mse
+    window, size = world.config.window, world.image_size
+    cut = load_open_loop_data(dataset, window, horizon, episodes, size, split)
+    n, h_eff = cut.valid.shape
+
+    predictions = {name: rollout_open_loop(w, cut, seed, f"open loop: {name}", progress) for name, w in worlds.items()}
+    predictions[COPY_LAST] = copy_last(cut)
+    order = [MODEL, COPY_LAST] + ([MSE] if MSE in worlds else [])
+
+    tasks = sorted({e.task for e in cut.episodes})
+    poses, pose_note = {}, None
+    if not pose:
+        pose_note = "disabled (--no-pose)"
+    elif tasks != [POSE_TASK]:
+        pose_note = f"only for {POSE_TASK} episodes; these are {tasks}"
+    else:
+        estimator, _ = _pose_estimator(dataset.meta.get("profile"))
+        camera_hw = dataset.image_size
+        count = int(cut.valid.sum()) * (1 + len(worlds)) + n
+        with progress_bar(count, "T pose estimation", progress, unit="frame") as bar:
+            poses["real"] = frame_poses(estimator, cut.real_images, cut.valid, camera_hw, bar)
+            for name in worlds:
+                poses[name] = frame_poses(estimator, predictions[name][0], cut.valid, camera_hw, bar)
+            found, pose_last = frame_poses(estimator, cut.last_image[:, None], np.ones((n, 1), bool), camera_hw, bar)
+            poses[COPY_LAST] = (np.repeat(found, h_eff, 1), np.repeat(pose_last, h_eff, 1))
+
+    results = {name: score_open_loop(*predictions[name], cut, poses.get("real"), poses.get(name)) for name in order}
+    out = Path(out) if out else Path(model) / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    video_paths = []
+    if videos > 0:
+        from iws_data.video import write_mp4
+
+        scale = max(1, 192 // size)
+        for i in range(min(videos, n)):
+            steps = int(cut.valid[i].sum())
+            frames = (side_by_side([cut.real_images[i, h]] + [predictions[name][0][i, h] for name in order], h + 1, scale)
+                      for h in range(steps))
+            path = out / f"openloop_episode{cut.episodes[i].index:04d}.mp4"
+            write_mp4(frames, path, dataset.control_rate_hz if dataset.meta.get("control_rate_hz") else 10.0)
+            video_paths.append(str(path))
+
+    report = {
+        "protocol": {
+            "model": str(model), "baseline_mse": str(baseline_mse) if baseline_mse else None, "dataset": str(data),
+            "split": split, "episodes": [e.index for e in cut.episodes], "episode_lengths": [e.length for e in cut.episodes],
+            "window": window, "image_size": size, "requested_horizon": horizon, "effective_horizon": h_eff,
+            "episodes_per_step": cut.valid.sum(0), "seed": seed, "device": str(world.device),
+            "psnr_cap_db": metrics.PSNR_CAP_DB, "decode_steps": world.decode_steps,
+            "pose_metrics": pose_note or "T pose by iws_reference_robot.perception on frames upscaled to the camera "
+                                         "size; errors over frames where the T is found in both"},
+        "models": results,
+        "real": {"t_found_rate": metrics.masked_mean(poses["real"][0].astype(float), cut.valid) if "real" in poses else None},
+        "videos": video_paths, "video_panels": ["real"] + order,
+        "seconds": round(time.time() - started, 1),
+    }
+    report = metrics.jsonable(report)
+    (out / "openloop.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def _print_openloop(report: dict, out: Path) -> None:
+    p = report["protocol"]
+    print(f"open loop: {len(p['episodes'])} episode(s), horizon {p['effective_horizon']}"
+          + (f" (asked {p['requested_horizon']})" if p["effective_horizon"] != p["requested_horizon"] else ""))
+    for name, r in report["models"].items():
+        s = r["summary"]
+        fmt = lambda key, spec: "-" if s.get(key) is None else format(s[key], spec)
+        print(f"  {name:13s} PSNR {fmt('psnr', '6.2f')} dB  SSIM {fmt('ssim', '.3f')}  joints {fmt('joint_mae_rad', '.4f')} rad"
+              + (f"  T found {fmt('t_found_rate', '.2f')}  pos {fmt('t_position_error_mm', '.1f')} mm"
+                 f"  yaw {fmt('t_yaw_error_deg', '.1f')} deg" if "t_found_rate" in s else ""))
+    print(f"wrote {out / 'openloop.json'}" + (f" and {len(report['videos'])} video(s)" if report["videos"] else ""))
+
+
+def openloop_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="iws eval openloop", description="open-loop fidelity on held-out episodes "
+                                "(PSNR, SSIM, joint error, push_t T pose) against copy-last-frame and an MSE baseline")
+    p.add_argument("--model", required=True, help="checkpoint directory")
+    p.add_argument("--data", required=True, help="cached dataset directory (its held-out split is used)")
+    p.add_argument("--episodes", type=int, default=8, help="held-out episodes, rolled out as parallel worlds")
+    p.add_argument("--horizon", type=int, default=DEFAULT_HORIZON, help="open-loop steps after the context window")
+    p.add_argument("--baseline-mse", default=None, help="checkpoint trained with dynamics_objective: mse")
+    p.add_argument("--out", default=None, help="output directory (default: MODEL/eval)")
+    p.add_argument("--videos", type=int, default=2, help="side-by-side MP4s (real | model | copy-last [| mse])")
+    p.add_argument("--split", default="val", help="dataset split to evaluate on")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-pose", action="store_true", help="skip the push_t T-pose metrics")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        report = openloop(args.model, args.data, args.episodes, args.horizon, args.baseline_mse, args.out, args.videos,
+                          args.seed, args.split, not args.no_pose, args.device)
+    except (EvalError, DatasetError, CheckpointError) as exc:
+        print(f"iws eval openloop: error: {exc}", file=sys.stderr)
+        return 2
+    _print_openloop(report, Path(args.out) if args.out else Path(args.model) / "eval")
+    return 0
+
+
+def longrun_main(argv: list[str] | None = None) -> int:
+    """`iws eval longrun` (see longrun.py)."""
+    from .longrun import main
+
+    return main(argv)

@@ -1,0 +1,106 @@
+"""`iws eval openloop` / `iws eval longrun` on the tiny world model trained through the real pipeline."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from iws_data.dataset import Dataset, DatasetWriter
+from iws_world_model import evaluate, metrics
+from iws_world_model.world_model import WorldModel
+
+PER_STEP = {"psnr", "ssim", "joint_mae_rad", "t_found_rate", "t_position_error_mm", "t_yaw_error_deg"}
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tiny_world_model) -> Path:
+    return tiny_world_model.parent / "dataset"  # the fixture's sibling: the data the model was trained on
+
+
+def test_openloop_writes_report_with_baselines_and_video(tiny_world_model, dataset_dir, tmp_path, capsys):
+    # the tiny model doubles as the "MSE" baseline: same code path, and same seed must mean same numbers
+    code = evaluate.openloop_main(["--model", str(tiny_world_model), "--data", str(dataset_dir), "--episodes", "2",
+                                   "--horizon", "100", "--baseline-mse", str(tiny_world_model), "--videos", "1",
+                                   "--out", str(tmp_path), "--threads", "2"])
+    assert code == 0, capsys.readouterr().err
+    report = json.loads((tmp_path / "openloop.json").read_text())
+    protocol = report["protocol"]
+    window = WorldModel.load(tiny_world_model).config.window
+    val = [e for e in Dataset(dataset_dir).split("val")]
+    assert protocol["episodes"] == [e.index for e in val][:2]
+    horizon = protocol["effective_horizon"]
+    assert protocol["requested_horizon"] == 100 and horizon == max(e.length for e in val) - window < 100
+    assert len(protocol["episodes_per_step"]) == horizon
+    assert set(report["models"]) == {"world_model", "copy_last", "mse_baseline"}
+    for name, result in report["models"].items():
+        assert set(result["per_step"]) == PER_STEP, name
+        assert all(len(v) == horizon for v in result["per_step"].values()), name
+        assert set(result["summary"]) == PER_STEP | {"psnr_last_step"}
+    assert report["models"]["mse_baseline"] == report["models"]["world_model"]
+    copy = report["models"]["copy_last"]["per_step"]
+    assert copy["psnr"][0] > copy["psnr"][-1]  # the world moves away from the last context frame
+    assert copy["ssim"][0] > copy["ssim"][-1]
+    assert len(report["real"]["t_found_rate"]) == horizon and report["real"]["t_found_rate"][0] == 1.0
+    assert report["video_panels"] == ["real", "world_model", "copy_last", "mse_baseline"]
+    assert len(report["videos"]) == 1 and Path(report["videos"][0]).stat().st_size > 0
+
+
+def test_real_frames_as_prediction_score_perfectly(tiny_world_model, dataset_dir):
+    world = WorldModel.load(tiny_world_model)
+    dataset = Dataset(dataset_dir)
+    cut = evaluate.load_open_loop_data(dataset, world.config.window, 5, 1, world.image_size)
+    estimator, _ = evaluate._pose_estimator(dataset.meta.get("profile"))
+    real = evaluate.frame_poses(estimator, cut.real_images, cut.valid, dataset.image_size)
+    result = evaluate.score_open_loop(cut.real_images, cut.real_joints, cut, real, real)
+    s = result["summary"]
+    assert s["psnr"] == metrics.PSNR_CAP_DB
+    assert s["ssim"] == pytest.approx(1.0, abs=1e-5)
+    assert s["joint_mae_rad"] == 0.0
+    assert s["t_found_rate"] == 1.0 and s["t_position_error_mm"] == 0.0 and s["t_yaw_error_deg"] == 0.0
+    json.dumps(metrics.jsonable(result))  # capped, so valid JSON
+
+
+def test_drift_statistics_accept_real_frames_and_flag_noise(dataset_dir):
+    real = evaluate.resize(np.asarray(Dataset(dataset_dir).images[::4]), 32)
+    reference = metrics.reference_range(real)
+    assert metrics.in_distribution(metrics.frame_statistics(real), reference).mean() >= 0.95
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 256, real.shape, dtype=np.uint8)
+    mean_kept = np.clip(real.astype(np.int16) + rng.integers(-60, 61, real.shape), 0, 255).astype(np.uint8)
+    flat = np.full_like(real, int(real.mean()))
+    for fake in (noise, mean_kept, flat):
+        assert not metrics.in_distribution(metrics.frame_statistics(fake), reference).any()
+
+
+def test_openloop_errors_without_long_enough_episodes(tiny_world_model, tmp_path, capsys):
+    names = WorldModel.load(tiny_world_model).joint_names
+    writer = DatasetWriter(tmp_path / "short", (96, 96), names, 8, meta={"control_rate_hz": 10.0, "profile": "reference_arm"})
+    for split in ("train", "val"):  # 3 frames: no frame left to predict after the tiny model's 3-frame window
+        writer.add_episode(np.zeros((3, 96, 96, 3), np.uint8), np.zeros((3, len(names)), np.float32),
+                           np.zeros((3, len(names)), np.float32), np.arange(3) / 10.0, split, task="push_t")
+    writer.close()
+    args = ["--model", str(tiny_world_model), "--data", str(tmp_path / "short"), "--out", str(tmp_path / "out")]
+    assert evaluate.openloop_main(args) == 2
+    assert "no 'val' episode is long enough" in capsys.readouterr().err
+    assert evaluate.openloop_main(args + ["--split", "test"]) == 2
+    assert "no 'test' episodes" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "openloop.json").exists()
+
+
+def test_longrun_reports_every_minute(tiny_world_model, tmp_path, capsys):
+    code = evaluate.longrun_main(["--model", str(tiny_world_model), "--minutes", "0.05", "--rate", "15",
+                                  "--out", str(tmp_path), "--threads", "2"])
+    assert code == 0, capsys.readouterr().err
+    report = json.loads((tmp_path / "longrun.json").read_text())
+    assert report["protocol"]["steps"] == report["protocol"]["steps_run"] == 45
+    assert len(report["minutes"]) == 1 and report["minutes"][0]["steps"] == 45
+    minute = report["minutes"][0]
+    assert {"t_found_rate", "t_score_mean", "pixel_mean", "pixel_std", "pixel_tv", "in_distribution_fraction",
+            "nonfinite_steps", "step_ms"} <= set(minute)
+    assert 0.0 <= minute["t_found_rate"] <= 1.0 and minute["nonfinite_steps"] == 0
+    lo, hi = report["reference"]["pixel_mean"]
+    assert lo < hi and report["reference"]["source"].startswith("start windows")
+    assert isinstance(report["in_distribution_all_minutes"], bool)
+    assert Path(report["video"]).stat().st_size > 0
