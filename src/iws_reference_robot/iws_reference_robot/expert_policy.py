@@ -1,10 +1,8 @@
-"""The scripted push_t expert as a ROS policy that sees only what a real policy sees.
+"""The scripted push_t expert as a ROS policy node that sees only what a real policy sees.
 
 It subscribes to the profile's camera image and joint states, estimates the T's pose from the
 pixels (``perception.PushTPoseEstimator``), and publishes joint position commands. It never reads
 simulator ground truth, so it drives the reference robot, the world model and a real arm alike.
-The arm's kinematics (for inverse kinematics) come from the reference scene's model, as a real
-policy knows its robot's kinematics.
 """
 from __future__ import annotations
 
@@ -19,36 +17,7 @@ from iws_common import qos
 from iws_common.image_conversion import image_to_numpy
 from iws_common.profile import RobotProfile
 
-from .experts import PushTExpert
-from .perception import PushTPoseEstimator
-from .tasks import TaskState
-
-
-class PushTExpertPolicy:
-    """Image + joint positions -> joint command; no ROS, so tests and evaluation can call it."""
-
-    def __init__(self, profile: RobotProfile, seed: int = 0):
-        from .sim import ReferenceSim
-
-        self.kinematics = ReferenceSim(profile, task="push_t", seed=seed)  # kinematics only, never stepped
-        self.estimator = PushTPoseEstimator(profile)
-        self.expert = PushTExpert(self.kinematics)
-        self.expert.reset(np.random.default_rng(seed))
-        self.last_estimate = None
-
-    def act(self, image: np.ndarray, joint_positions: np.ndarray) -> np.ndarray | None:
-        """The next joint command, or None while the T is not visible (the caller holds position)."""
-        estimate = self.estimator.estimate(image)
-        self.last_estimate = estimate
-        if not estimate.found:
-            return None
-        score = self.estimator.score(estimate.pose)
-        state = TaskState(task="push_t", score=score, success=score >= 0.95,
-                          object_poses=estimate.pose[None, :], goal_pose=self.estimator.goal.copy())
-        return self.expert.act(state, np.asarray(joint_positions, dtype=np.float64))
-
-    def close(self) -> None:
-        self.kinematics.close()
+from .pixel_expert import PushTExpertPolicy
 
 
 class ExpertPolicyNode(Node):

@@ -13,8 +13,8 @@ longrun: a closed loop with the scripted pixel push_t expert for many minutes, t
 open-loop metrics miss: per simulated minute, how often the T is still found and whether frames
 stay inside the pixel statistics of real data.
 
-No ROS here. The long run lives in ``longrun.py``: the expert's module
-(iws_reference_robot.expert_policy) imports rclpy at its top, so it is imported only there, lazily.
+No ROS here. The long run lives in ``longrun.py`` and drives the model with the pixel expert of
+``iws_reference_robot.pixel_expert`` (no ROS either), imported lazily as it pulls in MuJoCo.
 """
 from __future__ import annotations
 

@@ -5,8 +5,8 @@
 Open-loop metrics cannot see drift that builds up when a policy reacts to the model's own frames.
 Here the scripted pixel push_t expert drives the model from a shipped start window; per simulated
 minute the report says how often the T is still found and whether frames stay inside the pixel
-statistics of real data. No ROS is used, but the expert's module imports rclpy at its top, so it is
-imported lazily inside ``longrun``.
+statistics of real data. No ROS is used; the pixel expert (iws_reference_robot.pixel_expert) pulls
+in MuJoCo for its kinematics, so it is imported lazily inside ``longrun``.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def longrun(model: str | Path, minutes: float = 10.0, rate: float | None = None,
     from iws_common.commands import CommandRejected, JointCommandFollower
     from iws_data.info import draw_text
     from iws_data.video import write_mp4
-    from iws_reference_robot.expert_policy import PushTExpertPolicy  # imports rclpy at module level
+    from iws_reference_robot.pixel_expert import PushTExpertPolicy
 
     started = time.time()
     world = WorldModel.load(model, device or default_device())
