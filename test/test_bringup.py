@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from conformance import check_interface
-from iws_bringup.backends import load_backends
+from iws_bringup.backends import load_ab, load_backends
 from iws_common.processes import NodeProcess
 from iws_common.profile import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_FILE = REPO / "src/iws_bringup/launch/robot.launch.py"
+AB_LAUNCH_FILE = REPO / "src/iws_bringup/launch/ab.launch.py"
 
 
 def console_scripts(package: str) -> dict[str, str]:
@@ -54,10 +55,23 @@ def test_launch_file_reads_the_shared_backends():
     assert 'glob("launch/*.launch.py")' in setup, "launch files must be installed"
 
 
+def test_ab_launch_file_reads_the_shared_ab_plan():
+    tree = ast.parse(AB_LAUNCH_FILE.read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module == "iws_bringup.backends" for alias in node.names}
+    assert {"ab_nodes", "load_ab"} <= imported, "ab.launch.py and `iws up ab` must start the same plan"
+    assert "generate_launch_description" in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    fanout = load_ab().fanout
+    scripts = console_scripts(fanout.package)
+    assert scripts.get(fanout.executable) == fanout.entry_point, f"{fanout.package} must declare {fanout.executable}"
+    assert callable(getattr(importlib.import_module(fanout.entry_point.split(":")[0]), "main"))
+
+
 @pytest.mark.skipif(importlib.util.find_spec("launch_ros") is None, reason="launch_ros needs a ROS 2 distro")
-def test_launch_file_loads():
+@pytest.mark.parametrize("launch_file", [LAUNCH_FILE, AB_LAUNCH_FILE], ids=lambda p: p.name)
+def test_launch_file_loads(launch_file):
     from launch.launch_description_sources import PythonLaunchDescriptionSource
-    description = PythonLaunchDescriptionSource(str(LAUNCH_FILE)).get_launch_description(None)
+    description = PythonLaunchDescriptionSource(str(launch_file)).get_launch_description(None)
     assert description.entities
 
 

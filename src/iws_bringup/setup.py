@@ -19,5 +19,5 @@ setup(
     maintainer_email="iws@example.com",
     description="Launch files and the iws command line: start the reference robot, the world model or nothing (real hardware) on a robot profile's topics.",
     license="MIT",
-    entry_points={"console_scripts": ["iws = iws_bringup.cli:main"]},
+    entry_points={"console_scripts": ["iws = iws_bringup.cli:main", "command_fanout = iws_bringup.fanout:main"]},
 )

@@ -3,40 +3,54 @@
 Reads the same config/bringup.yaml as robot.launch.py and runs the backend's node in this
 process, so `iws up reference --task push_t` and
 `ros2 launch iws_bringup robot.launch.py backend:=reference task:=push_t` start the same node.
+`iws up ab` starts the A/B pair of the same YAML (see iws_bringup.ab), like ab.launch.py.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
-from iws_bringup.backends import BringupError, get_backend, load_backends, node_parameters, ros_arguments
-from iws_common.profile import ProfileError, load_profile
+from iws_bringup.backends import BringupError, get_backend, load_ab, load_backends, node_parameters, ros_arguments
+from iws_common.profile import ProfileError, load_profile, normalize_namespace
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="iws up", description=__doc__.split("\n\n")[0])
-    parser.add_argument("backend", help=f"one of {sorted(load_backends())}")
+    parser.add_argument("backend", help=f"one of {sorted(load_backends())}, or ab (reference under /real and "
+                                        "world_model under /sim, driven by the same top-level commands)")
     parser.add_argument("--robot", default="reference_arm", help="robot profile name or YAML path")
     parser.add_argument("--task", help="reference robot task: push_t, rope or pile")
     parser.add_argument("--mode", choices=("realtime", "lockstep"), help="timing mode")
     parser.add_argument("--seed", type=int, help="initial-state seed")
     parser.add_argument("--model", help="world model checkpoint directory (default: the shipped models/push_t)")
+    parser.add_argument("--threads", type=int, help="world model inference threads (default: bringup.yaml's)")
+    parser.add_argument("--namespace", help="prefix every profile topic and service, e.g. /sim (not with ab)")
+    parser.add_argument("--logs", type=Path, help="ab: directory for the nodes' logs (default: out/ab_<date-time>)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    overrides = {"task": args.task, "mode": args.mode, "seed": args.seed, "model": args.model, "threads": args.threads}
     try:
-        backend = get_backend(args.backend)
         load_profile(args.robot)  # fail here, with the profile's own message, before any node starts
+        if args.backend == "ab":
+            if args.namespace:
+                raise BringupError("--namespace is for one backend; ab takes its namespaces from config/bringup.yaml")
+            from iws_bringup.ab import run_ab
+            load_ab()  # a broken ab entry fails here, before anything starts
+            return run_ab(args.robot, overrides, args.logs)
+        backend = get_backend(args.backend)
+        overrides["namespace"] = normalize_namespace(args.namespace) if args.namespace else None
     except (BringupError, ProfileError) as exc:
         print(f"iws up: {exc}", file=sys.stderr)
         return 2
     if not backend.starts_a_node:
         print(f"iws up {backend.name}: {backend.description}. Nothing to start.")
         return 0
-    params = node_parameters(backend, args.robot, {"task": args.task, "mode": args.mode, "seed": args.seed, "model": args.model})
+    params = node_parameters(backend, args.robot, overrides)
     module_name, func_name = backend.entry_point.split(":")
     entry = getattr(importlib.import_module(module_name), func_name)
     return int(entry(["iws_up"] + ros_arguments(params)) or 0)

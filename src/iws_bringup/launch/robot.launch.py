@@ -20,6 +20,7 @@ ARGUMENTS = {
     "mode": ("", "realtime | lockstep (empty: bringup default)"),
     "seed": ("", "initial-state seed (empty: bringup default)"),
     "model": ("", "world model checkpoint directory (empty: the shipped models/push_t)"),
+    "namespace": ("", "prefix for every profile topic and service, e.g. /sim (empty: none)"),
 }
 
 
@@ -28,7 +29,7 @@ def _start(context):
     backend = get_backend(value["backend"])
     if not backend.starts_a_node:
         return [LogInfo(msg=f"backend {backend.name}: {backend.description}; nothing started")]
-    overrides = {key: value[key] or None for key in ("task", "mode", "model")}
+    overrides = {key: value[key] or None for key in ("task", "mode", "model", "namespace")}
     overrides["seed"] = int(value["seed"]) if value["seed"] else None
     params = node_parameters(backend, value["robot"], overrides)
     return [Node(package=backend.package, executable=backend.executable, parameters=[params], output="screen")]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,32 @@ class RobotProfile:
     @property
     def control_period_s(self) -> float:
         return 1.0 / self.control_rate_hz
+
+    def namespaced(self, namespace: str) -> "RobotProfile":
+        """The same robot with every topic and service under ``namespace`` (``/sim/joint_states``),
+        so that two backends of one robot can serve side by side (A/B). "" leaves the names alone."""
+        prefix = normalize_namespace(namespace)
+        if not prefix:
+            return self
+        topics = Topics(**{f.name: prefix + getattr(self.topics, f.name) for f in dataclasses.fields(Topics)})
+        services = Services(**{f.name: prefix + getattr(self.services, f.name) for f in dataclasses.fields(Services)})
+        return dataclasses.replace(self, topics=topics, services=services)
+
+
+_NAMESPACE = re.compile(r"^(/[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+def normalize_namespace(namespace: str) -> str:
+    """'sim', '/sim' or '/sim/' -> '/sim'; '' or '/' -> '' (no namespace). Refuses invalid ROS names."""
+    text = str(namespace or "").strip().rstrip("/")
+    if not text:
+        return ""
+    if not text.startswith("/"):
+        text = "/" + text
+    if not _NAMESPACE.match(text):
+        raise ProfileError(f"namespace '{namespace}' is not a valid ROS namespace (letters, digits and _ "
+                           "per token, not starting with a digit, e.g. /sim)")
+    return text
 
 
 def _section(data: dict, key: str, where: str) -> dict:

@@ -30,11 +30,13 @@ def centre_crop_square(images: np.ndarray) -> np.ndarray:
 
 def crop_and_resize(images: np.ndarray, size: int) -> np.ndarray:
     """uint8 (N, H, W, C) -> uint8 (N, size, size, C): centre crop to square, then area resize."""
-    square = centre_crop_square(images)
-    side = square.shape[1]
-    if side == size:
-        return np.ascontiguousarray(square)
-    weights = area_weights(side, size)
-    rows = np.einsum("oh,nhwc->nowc", weights, square.astype(np.float32), optimize=True)
-    resized = np.einsum("pw,nowc->nopc", weights, rows, optimize=True)
+    return resize_area(centre_crop_square(images), size, size)
+
+
+def resize_area(images: np.ndarray, height: int, width: int) -> np.ndarray:
+    """uint8 (N, H, W, C) -> uint8 (N, height, width, C) by area (box-filter) resampling."""
+    if images.shape[1:3] == (height, width):
+        return np.ascontiguousarray(images)
+    rows = np.einsum("oh,nhwc->nowc", area_weights(images.shape[1], height), images.astype(np.float32), optimize=True)
+    resized = np.einsum("pw,nowc->nopc", area_weights(images.shape[2], width), rows, optimize=True)
     return np.clip(np.rint(resized), 0, 255).astype(np.uint8)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 import time
 
-import numpy as np
 import rclpy
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
@@ -24,13 +23,13 @@ from trajectory_msgs.msg import JointTrajectory
 
 from iws_common import qos
 from iws_common.commands import CommandRejected, JointCommandFollower
-from iws_common.image_conversion import convert_encoding, numpy_to_image
-from iws_common.messages import camera_info_msg, time_msg
+from iws_common.messages import time_msg
 from iws_common.profile import load_profile
 from iws_common.stats import StepTimer
 from iws_common.throttle import KindThrottle
 from iws_interfaces.msg import TaskState, WorldStatus
 from iws_interfaces.srv import ResetWorld, StepWorld
+from iws_reference_robot.observation import ObservationMessages
 
 MODES = ("realtime", "lockstep")
 
@@ -42,7 +41,9 @@ class ReferenceRobotNode(Node):
         self.declare_parameter("task", "push_t")
         self.declare_parameter("mode", "realtime")
         self.declare_parameter("seed", 0)
-        self.profile = load_profile(self.get_parameter("robot").value)
+        # Prefixed to every profile name (/real/joint_states), so A/B bringup can run two backends.
+        self.declare_parameter("namespace", "")
+        self.profile = load_profile(self.get_parameter("robot").value).namespaced(self.get_parameter("namespace").value)
         self.task = str(self.get_parameter("task").value)
         self.mode = str(self.get_parameter("mode").value)
         if self.mode not in MODES:
@@ -66,11 +67,14 @@ class ReferenceRobotNode(Node):
         self.timer_stats = StepTimer()
 
         topics, camera = self.profile.topics, self.profile.camera
-        self.pub_joint_states = self.create_publisher(JointState, topics.joint_states, qos.STATE)
-        self.pub_image = self.create_publisher(Image, topics.image, qos.IMAGE)
-        self.pub_camera_info = self.create_publisher(CameraInfo, topics.camera_info, qos.IMAGE)
+        self.observation = ObservationMessages(self.profile)
+        self.publishers_by_topic = {
+            topics.joint_states: self.create_publisher(JointState, topics.joint_states, qos.STATE),
+            topics.image: self.create_publisher(Image, topics.image, qos.IMAGE),
+            topics.camera_info: self.create_publisher(CameraInfo, topics.camera_info, qos.IMAGE),
+            topics.task_state: self.create_publisher(TaskState, topics.task_state, qos.STATE),
+        }
         self.pub_clock = self.create_publisher(Clock, topics.clock, qos.CLOCK)
-        self.pub_task_state = self.create_publisher(TaskState, topics.task_state, qos.STATE)
         self.pub_status = self.create_publisher(WorldStatus, topics.world_status, qos.STATE)
         self.create_subscription(Float64MultiArray, topics.position_command, self.on_position_command, qos.COMMAND)
         self.create_subscription(JointTrajectory, topics.trajectory_command, self.on_trajectory, qos.COMMAND)
@@ -78,17 +82,13 @@ class ReferenceRobotNode(Node):
         self.create_service(StepWorld, self.profile.services.step, self.on_step)
         self.create_service(SetBool, self.profile.services.pause, self.on_pause)
 
-        self.image_msg = Image()
-        self.camera_info = camera_info_msg(camera, camera.frame_id)
-        self.joint_state_msg = JointState()
-        self.joint_state_msg.name = list(self.profile.joints.names)
-
         if self.mode == "realtime":
             self.create_timer(self.dt, self.on_control_timer)
         self.create_timer(1.0, self.publish_status)
         self.publish_observation()
         self.get_logger().info(
             f"reference robot up: profile={self.profile.name} task={self.task} mode={self.mode} "
+            f"joint_states={self.profile.topics.joint_states} "
             f"camera={camera.width}x{camera.height}@{camera.encoding} control={self.profile.control_rate_hz} Hz")
 
     # -- commands ---------------------------------------------------------------------------
@@ -133,26 +133,9 @@ class ReferenceRobotNode(Node):
     def publish_observation(self):
         stamp = time_msg(self.clock_ns)
         self.pub_clock.publish(Clock(clock=stamp))
-        js = self.joint_state_msg
-        js.header.stamp = stamp
-        js.position = self.sim.joint_positions().tolist()
-        js.velocity = self.sim.joint_velocities().tolist()
-        self.pub_joint_states.publish(js)
-        camera = self.profile.camera
-        pixels = self.sim.render()
-        if camera.encoding != "rgb8":
-            pixels = convert_encoding(pixels, "rgb8", camera.encoding)
-        numpy_to_image(pixels, camera.encoding, msg=self.image_msg, stamp=stamp, frame_id=camera.frame_id)
-        self.pub_image.publish(self.image_msg)
-        self.camera_info.header.stamp = stamp
-        self.pub_camera_info.publish(self.camera_info)
-        state = self.sim.task_state()
-        task_msg = TaskState(task=state.task, score=float(state.score), success=bool(state.success),
-                             object_poses=np.asarray(state.object_poses, dtype=np.float64).ravel().tolist(),
-                             goal_pose=np.asarray(state.goal_pose, dtype=np.float64).ravel().tolist())
-        task_msg.header.stamp = stamp
-        task_msg.header.frame_id = self.profile.base_frame
-        self.pub_task_state.publish(task_msg)
+        messages, _ = self.observation.fill(self.sim, stamp)
+        for topic, msg in messages:
+            self.publishers_by_topic[topic].publish(msg)
         return stamp
 
     def publish_status(self) -> None:

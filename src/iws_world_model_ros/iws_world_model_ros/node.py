@@ -55,7 +55,9 @@ class WorldModelNode(Node):
         self.declare_parameter("native_resolution", False)
         self.declare_parameter("threads", 2)
         self.declare_parameter("decode_steps", 0)
-        self.profile = load_profile(self.get_parameter("robot").value)
+        # Prefixed to every profile name (/sim/joint_states), so A/B bringup can run two backends.
+        self.declare_parameter("namespace", "")
+        self.profile = load_profile(self.get_parameter("robot").value).namespaced(self.get_parameter("namespace").value)
         self.mode = str(self.get_parameter("mode").value)
         if self.mode not in MODES:
             raise ValueError(f"parameter mode must be one of {MODES}, got '{self.mode}'")
@@ -130,6 +132,7 @@ class WorldModelNode(Node):
         self._worker.start()
         self.get_logger().info(
             f"world model up: model={self.model_path} profile={self.profile.name} mode={self.mode} "
+            f"joint_states={self.profile.topics.joint_states} "
             f"model image {size}x{size} -> published {self.camera.width}x{self.camera.height} "
             f"control={self.profile.control_rate_hz} Hz threads={threads}")
 
