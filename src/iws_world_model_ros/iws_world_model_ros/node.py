@@ -19,48 +19,32 @@ import time
 import numpy as np
 import rclpy
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
-from rclpy.node import Node
-from rosgraph_msgs.msg import Clock
+from rclpy.executors import MultiThreadedExecutor
 from sensor_msgs.msg import CameraInfo, Image, JointState
-from std_msgs.msg import Float64MultiArray
-from std_srvs.srv import SetBool
-from trajectory_msgs.msg import JointTrajectory
 
 from iws_common import qos
-from iws_common.commands import CommandRejected, JointCommandFollower
 from iws_common.image_conversion import convert_encoding, image_to_numpy, numpy_to_image
 from iws_common.messages import camera_info_msg, time_msg
-from iws_common.profile import load_profile, repo_root
-from iws_common.stats import StepTimer
-from iws_common.throttle import KindThrottle
-from iws_interfaces.msg import WorldStatus
+from iws_common.profile import repo_root
+from iws_common.simulator_node import SimulatorNode, run_simulator
 from iws_interfaces.srv import ResetWorld, StepWorld
-
-MODES = ("realtime", "lockstep")
 
 
 def default_model_path() -> str:
     return str(repo_root() / "models" / "push_t")
 
 
-class WorldModelNode(Node):
+class WorldModelNode(SimulatorNode):
+    backend = "world_model"
+
     def __init__(self):
-        super().__init__("world_model")
-        self.declare_parameter("robot", "reference_arm")
+        commands = MutuallyExclusiveCallbackGroup()
+        super().__init__("world_model", command_group=commands)
         self.declare_parameter("model", "")
-        self.declare_parameter("mode", "realtime")
-        self.declare_parameter("seed", 0)
         self.declare_parameter("start_dataset", "")
         self.declare_parameter("native_resolution", False)
         self.declare_parameter("threads", 2)
         self.declare_parameter("decode_steps", 0)
-        # Prefixed to every profile name (/sim/joint_states), so A/B bringup can run two backends.
-        self.declare_parameter("namespace", "")
-        self.profile = load_profile(self.get_parameter("robot").value).namespaced(self.get_parameter("namespace").value)
-        self.mode = str(self.get_parameter("mode").value)
-        if self.mode not in MODES:
-            raise ValueError(f"parameter mode must be one of {MODES}, got '{self.mode}'")
         self.model_path = str(self.get_parameter("model").value) or default_model_path()
 
         # torch and the model load here, so a bad profile or mode fails before the slow part.
@@ -89,34 +73,16 @@ class WorldModelNode(Node):
         self.native = bool(self.get_parameter("native_resolution").value)
         size = self.world.image_size
         self.camera = camera.scaled(size, size) if self.native else camera
-        self.follower = JointCommandFollower(self.profile.joints)
-        self.rejection_log = KindThrottle(period_s=1.0)
-        self.dt = self.profile.control_period_s
-        self.dt_ns = round(self.dt * 1e9)
-        self.clock_ns = int(time.time()) * 1_000_000_000
-        self.step_count = 0
-        self.paused = False
-        self.timer_stats = StepTimer()
         self.dropped_ticks = 0
         self.world_lock = threading.Lock()  # the model, the follower's stepping and the clock
-        self.seed = int(self.get_parameter("seed").value)
         self.last_joints = None
 
         topics = self.profile.topics
         self.pub_joint_states = self.create_publisher(JointState, topics.joint_states, qos.STATE)
         self.pub_image = self.create_publisher(Image, topics.image, qos.IMAGE)
         self.pub_camera_info = self.create_publisher(CameraInfo, topics.camera_info, qos.IMAGE)
-        self.pub_clock = self.create_publisher(Clock, topics.clock, qos.CLOCK)
-        self.pub_status = self.create_publisher(WorldStatus, topics.world_status, qos.STATE)
-        commands = MutuallyExclusiveCallbackGroup()
-        services = ReentrantCallbackGroup()  # StepWorld waits on the inference thread; others go on
-        self.create_subscription(Float64MultiArray, topics.position_command, self.on_position_command,
-                                 qos.COMMAND, callback_group=commands)
-        self.create_subscription(JointTrajectory, topics.trajectory_command, self.on_trajectory,
-                                 qos.COMMAND, callback_group=commands)
-        self.create_service(ResetWorld, self.profile.services.reset, self.on_reset, callback_group=services)
-        self.create_service(StepWorld, self.profile.services.step, self.on_step, callback_group=services)
-        self.create_service(SetBool, self.profile.services.pause, self.on_pause, callback_group=services)
+        # StepWorld waits on the inference thread: a reentrant group lets reset, pause and status go on.
+        self.create_world_services(callback_group=ReentrantCallbackGroup())
         self.create_timer(1.0, self.publish_status, callback_group=MutuallyExclusiveCallbackGroup())
 
         self.image_msg = Image()
@@ -157,30 +123,6 @@ class WorldModelNode(Node):
         if self.camera.encoding != "rgb8":
             image = convert_encoding(image, "rgb8", self.camera.encoding)
         return image
-
-    # -- commands ---------------------------------------------------------------------------
-    def _log_rejection(self, exc: CommandRejected) -> None:
-        log_now, suppressed = self.rejection_log.should_log(exc.kind)
-        if log_now:
-            more = f" (+{suppressed} more of this kind)" if suppressed else ""
-            self.get_logger().error(f"rejected command ({exc.kind}): {exc}{more}")
-
-    def on_position_command(self, msg: Float64MultiArray) -> None:
-        try:
-            before = self.follower.clamped
-            self.follower.set_position_command(msg.data)
-            if self.follower.clamped != before and self.rejection_log.should_log("clamped")[0]:
-                self.get_logger().warning("position command beyond joint limits: clamped to the limits")
-        except CommandRejected as exc:
-            self._log_rejection(exc)
-
-    def on_trajectory(self, msg: JointTrajectory) -> None:
-        try:
-            times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in msg.points]
-            self.follower.set_trajectory(msg.joint_names, times, [p.positions for p in msg.points],
-                                         now=self.clock_ns * 1e-9)
-        except CommandRejected as exc:
-            self._log_rejection(exc)
 
     # -- stepping ---------------------------------------------------------------------------
     def advance(self) -> None:
@@ -232,8 +174,7 @@ class WorldModelNode(Node):
                         f"{self.timer_stats.rate_hz():.1f} Hz, step p50 {self.timer_stats.latency_ms(50):.1f} ms")
 
     def publish_observation(self, image: np.ndarray, joints: np.ndarray):
-        stamp = time_msg(self.clock_ns)
-        self.pub_clock.publish(Clock(clock=stamp))
+        stamp = self.publish_clock()
         js = self.joint_state_msg
         js.header.stamp = stamp
         js.position = joints.tolist()
@@ -246,16 +187,6 @@ class WorldModelNode(Node):
         self.camera_info.header.stamp = stamp
         self.pub_camera_info.publish(self.camera_info)
         return stamp
-
-    def publish_status(self) -> None:
-        status = WorldStatus(
-            backend="world_model", model_id=self.model_id, mode=self.mode,
-            sim_time=time_msg(self.clock_ns), step_count=self.step_count,
-            achieved_rate_hz=self.timer_stats.rate_hz(), target_rate_hz=self.profile.control_rate_hz,
-            step_latency_ms_p50=self.timer_stats.latency_ms(50), step_latency_ms_p95=self.timer_stats.latency_ms(95),
-            paused=self.paused, rejected_commands=sum(self.follower.rejected.values()))
-        status.header.stamp = time_msg(self.clock_ns)
-        self.pub_status.publish(status)
 
     # -- services ---------------------------------------------------------------------------
     def on_reset(self, request: ResetWorld.Request, response: ResetWorld.Response) -> ResetWorld.Response:
@@ -295,10 +226,9 @@ class WorldModelNode(Node):
         self._start_from(images, joints, joints.copy(), None)
 
     def on_step(self, request: StepWorld.Request, response: StepWorld.Response) -> StepWorld.Response:
-        if self.mode != "lockstep":
-            response.success, response.message = False, "StepWorld needs mode:=lockstep (this node runs in realtime)"
-        elif self.paused:
-            response.success, response.message = False, "paused: unpause before stepping"
+        refusal = self.step_refusal()
+        if refusal:
+            response.success, response.message = False, refusal
         else:
             done = threading.Event()
             before = self.step_count
@@ -312,12 +242,6 @@ class WorldModelNode(Node):
         response.step_count = self.step_count
         return response
 
-    def on_pause(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
-        self.paused = bool(request.data)
-        response.success, response.message = True, "paused" if self.paused else "running"
-        self.publish_status()
-        return response
-
     def destroy_node(self) -> None:
         self._running = False
         worker = getattr(self, "_worker", None)  # absent when start-up failed
@@ -327,23 +251,7 @@ class WorldModelNode(Node):
 
 
 def main(args: list[str] | None = None) -> int:
-    rclpy.init(args=args)
-    try:
-        node = WorldModelNode()
-    except Exception as exc:  # bad parameter, profile or checkpoint: one clear line, not a traceback
-        print(f"world_model: cannot start: {exc}", file=sys.stderr)
-        rclpy.try_shutdown()
-        return 1
-    executor = MultiThreadedExecutor(num_threads=2)
-    executor.add_node(node)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
-    return 0
+    return run_simulator(WorldModelNode, "world_model", MultiThreadedExecutor, args, num_threads=2)
 
 
 if __name__ == "__main__":

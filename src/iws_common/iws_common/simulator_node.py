@@ -1,0 +1,157 @@
+"""What every simulator backend shares, so the reference robot and the world model cannot drift apart.
+
+A backend is a node that serves a robot profile's interface: it holds the commanded joint target
+the way ros2_control's controllers do (``JointCommandFollower``), keeps one integer-nanosecond
+clock, publishes /clock and WorldStatus, logs each kind of rejected command at most once per
+second, and serves ResetWorld, StepWorld and pause. Subclasses implement ``on_reset`` and
+``on_step`` (and whatever advances their world).
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import rclpy
+from rclpy.executors import ExternalShutdownException
+from rclpy.node import Node
+from rosgraph_msgs.msg import Clock
+from std_msgs.msg import Float64MultiArray
+from std_srvs.srv import SetBool
+from trajectory_msgs.msg import JointTrajectory
+
+from iws_common import qos
+from iws_common.commands import CommandRejected, JointCommandFollower
+from iws_common.messages import time_msg
+from iws_common.profile import load_profile
+from iws_common.stats import StepTimer
+from iws_common.throttle import KindThrottle
+from iws_interfaces.msg import WorldStatus
+from iws_interfaces.srv import ResetWorld, StepWorld
+
+MODES = ("realtime", "lockstep")
+
+
+class SimulatorNode(Node):
+    backend = ""  # "reference" or "world_model", reported in WorldStatus
+
+    def __init__(self, node_name: str, command_group=None):
+        super().__init__(node_name)
+        self.declare_parameter("robot", "reference_arm")
+        self.declare_parameter("mode", "realtime")
+        self.declare_parameter("seed", 0)
+        # Prefixed to every profile name (/sim/joint_states), so A/B bringup can run two backends.
+        self.declare_parameter("namespace", "")
+        self.profile = load_profile(self.get_parameter("robot").value).namespaced(self.get_parameter("namespace").value)
+        self.mode = str(self.get_parameter("mode").value)
+        if self.mode not in MODES:
+            raise ValueError(f"parameter mode must be one of {MODES}, got '{self.mode}'")
+        self.seed = int(self.get_parameter("seed").value)
+        self.model_id = ""
+
+        self.follower = JointCommandFollower(self.profile.joints)
+        self.rejection_log = KindThrottle(period_s=1.0)
+        self.dt = self.profile.control_period_s
+        self.dt_ns = round(self.dt * 1e9)
+        # One clock for every stamp, in integer nanoseconds (exact across millions of steps),
+        # monotonic across resets; starts at wall time like a real robot's.
+        self.clock_ns = int(time.time()) * 1_000_000_000
+        self.step_count = 0
+        self.paused = False
+        self.timer_stats = StepTimer()
+
+        topics = self.profile.topics
+        self.pub_clock = self.create_publisher(Clock, topics.clock, qos.CLOCK)
+        self.pub_status = self.create_publisher(WorldStatus, topics.world_status, qos.STATE)
+        self.create_subscription(Float64MultiArray, topics.position_command, self.on_position_command,
+                                 qos.COMMAND, callback_group=command_group)
+        self.create_subscription(JointTrajectory, topics.trajectory_command, self.on_trajectory,
+                                 qos.COMMAND, callback_group=command_group)
+
+    def create_world_services(self, callback_group=None) -> None:
+        """ResetWorld, StepWorld and pause on the profile's names (after the subclass is ready)."""
+        services = self.profile.services
+        self.create_service(ResetWorld, services.reset, self.on_reset, callback_group=callback_group)
+        self.create_service(StepWorld, services.step, self.on_step, callback_group=callback_group)
+        self.create_service(SetBool, services.pause, self.on_pause, callback_group=callback_group)
+
+    # -- commands ---------------------------------------------------------------------------
+    def log_rejection(self, exc: CommandRejected) -> None:
+        # One line per kind of problem per second at most: a flood of bad input must not flood the log.
+        log_now, suppressed = self.rejection_log.should_log(exc.kind)
+        if log_now:
+            more = f" (+{suppressed} more of this kind)" if suppressed else ""
+            self.get_logger().error(f"rejected command ({exc.kind}): {exc}{more}")
+
+    def on_position_command(self, msg: Float64MultiArray) -> None:
+        try:
+            before = self.follower.clamped
+            self.follower.set_position_command(msg.data)
+            if self.follower.clamped != before and self.rejection_log.should_log("clamped")[0]:
+                self.get_logger().warning("position command beyond joint limits: clamped to the limits")
+        except CommandRejected as exc:
+            self.log_rejection(exc)
+
+    def on_trajectory(self, msg: JointTrajectory) -> None:
+        try:
+            times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in msg.points]
+            self.follower.set_trajectory(msg.joint_names, times, [p.positions for p in msg.points],
+                                         now=self.clock_ns * 1e-9)
+        except CommandRejected as exc:
+            self.log_rejection(exc)
+
+    # -- status and services ----------------------------------------------------------------
+    def publish_clock(self):
+        stamp = time_msg(self.clock_ns)
+        self.pub_clock.publish(Clock(clock=stamp))
+        return stamp
+
+    def publish_status(self) -> None:
+        status = WorldStatus(
+            backend=self.backend, model_id=self.model_id, mode=self.mode,
+            sim_time=time_msg(self.clock_ns), step_count=self.step_count,
+            achieved_rate_hz=self.timer_stats.rate_hz(), target_rate_hz=self.profile.control_rate_hz,
+            step_latency_ms_p50=self.timer_stats.latency_ms(50), step_latency_ms_p95=self.timer_stats.latency_ms(95),
+            paused=self.paused, rejected_commands=sum(self.follower.rejected.values()))
+        status.header.stamp = time_msg(self.clock_ns)
+        self.pub_status.publish(status)
+
+    def step_refusal(self) -> str:
+        """Why a StepWorld call cannot run now ("" when it can)."""
+        if self.mode != "lockstep":
+            return "StepWorld needs mode:=lockstep (this node runs in realtime)"
+        if self.paused:
+            return "paused: unpause before stepping"
+        return ""
+
+    def on_pause(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
+        self.paused = bool(request.data)
+        response.success, response.message = True, "paused" if self.paused else "running"
+        self.publish_status()
+        return response
+
+    def on_reset(self, request, response):
+        raise NotImplementedError
+
+    def on_step(self, request, response):
+        raise NotImplementedError
+
+
+def run_simulator(node_class, name: str, executor_class, args: list[str] | None = None, **executor_kwargs) -> int:
+    """Start ``node_class`` and spin it; a bad parameter, profile or model is one clear line."""
+    rclpy.init(args=args)
+    try:
+        node = node_class()
+    except Exception as exc:
+        print(f"{name}: cannot start: {exc}", file=sys.stderr)
+        rclpy.try_shutdown()
+        return 1
+    executor = executor_class(**executor_kwargs)
+    executor.add_node(node)
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
