@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import sys
 
-import rclpy
 from rclpy.exceptions import ParameterUninitializedException
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from std_msgs.msg import Float64MultiArray
@@ -20,6 +18,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from iws_common import qos
 from iws_common.profile import load_profile, normalize_namespace
+from iws_common.run import run_node
 
 
 class CommandFanout(Node):
@@ -55,23 +54,7 @@ class CommandFanout(Node):
 
 
 def main(args: list[str] | None = None) -> int:
-    rclpy.init(args=args)
-    try:
-        node = CommandFanout()
-    except Exception as exc:  # a bad parameter or profile: one clear line, not a traceback
-        print(f"command_fanout: cannot start: {exc}", file=sys.stderr)
-        rclpy.try_shutdown()
-        return 1
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
-    return 0
+    return run_node(CommandFanout, "command_fanout", args=args)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,8 @@ second, and serves ResetWorld, StepWorld and pause. Subclasses implement ``on_re
 """
 from __future__ import annotations
 
-import sys
 import time
 
-import rclpy
-from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rosgraph_msgs.msg import Clock
 from std_msgs.msg import Float64MultiArray
@@ -134,24 +131,3 @@ class SimulatorNode(Node):
 
     def on_step(self, request, response):
         raise NotImplementedError
-
-
-def run_simulator(node_class, name: str, executor_class, args: list[str] | None = None, **executor_kwargs) -> int:
-    """Start ``node_class`` and spin it; a bad parameter, profile or model is one clear line."""
-    rclpy.init(args=args)
-    try:
-        node = node_class()
-    except Exception as exc:
-        print(f"{name}: cannot start: {exc}", file=sys.stderr)
-        rclpy.try_shutdown()
-        return 1
-    executor = executor_class(**executor_kwargs)
-    executor.add_node(node)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
-    return 0

@@ -17,7 +17,8 @@ from sensor_msgs.msg import CameraInfo, Image, JointState
 
 from iws_common import qos
 from iws_common.messages import time_msg
-from iws_common.simulator_node import SimulatorNode, run_simulator
+from iws_common.run import run_node
+from iws_common.simulator_node import SimulatorNode
 from iws_interfaces.msg import TaskState
 from iws_interfaces.srv import ResetWorld, StepWorld
 from iws_reference_robot.observation import ObservationMessages
@@ -112,7 +113,7 @@ class ReferenceRobotNode(SimulatorNode):
 
 
 def main(args: list[str] | None = None) -> int:
-    return run_simulator(ReferenceRobotNode, "reference_robot", SingleThreadedExecutor, args)
+    return run_node(ReferenceRobotNode, "reference_robot", SingleThreadedExecutor, args)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ from iws_common import qos
 from iws_common.image_conversion import convert_encoding, image_to_numpy, numpy_to_image
 from iws_common.messages import camera_info_msg, time_msg
 from iws_common.profile import repo_root
-from iws_common.simulator_node import SimulatorNode, run_simulator
+from iws_common.run import run_node
+from iws_common.simulator_node import SimulatorNode
 from iws_interfaces.srv import ResetWorld, StepWorld
 
 
@@ -251,7 +252,7 @@ class WorldModelNode(SimulatorNode):
 
 
 def main(args: list[str] | None = None) -> int:
-    return run_simulator(WorldModelNode, "world_model", MultiThreadedExecutor, args, num_threads=2)
+    return run_node(WorldModelNode, "world_model", MultiThreadedExecutor, args, num_threads=2)
 
 
 if __name__ == "__main__":
