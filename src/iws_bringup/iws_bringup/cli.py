@@ -17,6 +17,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "reference"): ("iws_reference_robot.bench:main", "lockstep steps/s of the reference robot incl. render and publish"),
     ("record",): ("iws_data.recorder:main", "record a robot profile's topics to rosbag2 (MCAP)"),
     ("collect",): ("iws_data.collect:main", "collect play data / demonstrations as rosbag2 episodes"),
+    ("bag", "repair"): ("iws_data.repair:main", "recover a killed or truncated recording into a valid rosbag2 bag"),
     ("bench", "collect"): ("iws_data.bench:collect_main", "frames/s of lockstep data collection"),
     ("bench", "dataset"): ("iws_data.bench:dataset_main", "frames/s of the dataset builder"),
     ("dataset", "build"): ("iws_data.builder:main", "build a cached dataset from rosbag2 recordings"),
@@ -26,6 +27,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("eval", "openloop"): ("iws_world_model.evaluate:openloop_main", "open-loop fidelity on held-out episodes"),
     ("eval", "longrun"): ("iws_world_model.evaluate:longrun_main", "closed-loop long-horizon stability"),
     ("bench", "step"): ("iws_world_model.bench:main", "world-model step FPS and latency"),
+    ("bench", "node"): ("iws_world_model_ros.bench:node_main", "world model node under a live policy: rate, command-to-image latency"),
+    ("bench", "soak"): ("iws_world_model_ros.bench:soak_main", "the same policy loop for minutes: rate per minute, latency, node memory, errors"),
 }
 
 

@@ -49,6 +49,9 @@ class SimulatorNode(Node):
         self.rejection_log = KindThrottle(period_s=1.0)
         self.dt = self.profile.control_period_s
         self.dt_ns = round(self.dt * 1e9)
+        # The wall-clock tick rate reported in WorldStatus; a backend may tick faster or slower
+        # than the profile's control rate (world model `rate_hz`), while sim time keeps `dt` per step.
+        self.target_rate_hz = self.profile.control_rate_hz
         # One clock for every stamp, in integer nanoseconds (exact across millions of steps),
         # monotonic across resets; starts at wall time like a real robot's.
         self.clock_ns = int(time.time()) * 1_000_000_000
@@ -106,7 +109,7 @@ class SimulatorNode(Node):
         status = WorldStatus(
             backend=self.backend, model_id=self.model_id, mode=self.mode,
             sim_time=time_msg(self.clock_ns), step_count=self.step_count,
-            achieved_rate_hz=self.timer_stats.rate_hz(), target_rate_hz=self.profile.control_rate_hz,
+            achieved_rate_hz=self.timer_stats.rate_hz(), target_rate_hz=self.target_rate_hz,
             step_latency_ms_p50=self.timer_stats.latency_ms(50), step_latency_ms_p95=self.timer_stats.latency_ms(95),
             paused=self.paused, rejected_commands=sum(self.follower.rejected.values()))
         status.header.stamp = time_msg(self.clock_ns)

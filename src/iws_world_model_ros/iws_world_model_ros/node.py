@@ -19,6 +19,7 @@ import time
 import numpy as np
 import rclpy
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.executors import MultiThreadedExecutor
 from sensor_msgs.msg import CameraInfo, Image, JointState
 
@@ -46,6 +47,16 @@ class WorldModelNode(SimulatorNode):
         self.declare_parameter("native_resolution", False)
         self.declare_parameter("threads", 2)
         self.declare_parameter("decode_steps", 0)
+        # Real-time tick rate; 0 = the profile's control rate. Each step still advances sim time by one
+        # control period (what the model was trained on): the override measures capacity, e.g. at 15 Hz.
+        # Dynamically typed so that `-p rate_hz:=15` (an integer on the command line) is accepted too.
+        self.declare_parameter("rate_hz", 0.0, ParameterDescriptor(dynamic_typing=True))
+        rate_hz = self.get_parameter("rate_hz").value
+        if not isinstance(rate_hz, (int, float)) or isinstance(rate_hz, bool) or not (0.0 <= rate_hz < float("inf")):
+            raise ValueError(f"parameter rate_hz must be >= 0 (0 = the profile's control rate), got {rate_hz}")
+        if rate_hz > 0:
+            self.target_rate_hz = float(rate_hz)
+        self.tick_period = 1.0 / self.target_rate_hz
         self.model_path = str(self.get_parameter("model").value) or default_model_path()
 
         # torch and the model load here, so a bad profile or mode fails before the slow part.
@@ -101,7 +112,7 @@ class WorldModelNode(SimulatorNode):
             f"world model up: model={self.model_path} profile={self.profile.name} mode={self.mode} "
             f"joint_states={self.profile.topics.joint_states} "
             f"model image {size}x{size} -> published {self.camera.width}x{self.camera.height} "
-            f"control={self.profile.control_rate_hz} Hz threads={threads}")
+            f"control={self.profile.control_rate_hz} Hz tick={self.target_rate_hz:g} Hz threads={threads}")
 
     # -- state ------------------------------------------------------------------------------
     def _reset_to_window(self, index: int, seed: int | None) -> None:
@@ -162,16 +173,16 @@ class WorldModelNode(SimulatorNode):
                 continue
             if not self.paused:
                 self.advance()
-            next_tick += self.dt
+            next_tick += self.tick_period
             late = time.monotonic() - next_tick
             if late > 0:
                 # Behind schedule: drop the missed ticks instead of queueing stale frames.
-                missed = int(late // self.dt) + 1
+                missed = int(late // self.tick_period) + 1
                 self.dropped_ticks += missed
-                next_tick += missed * self.dt
+                next_tick += missed * self.tick_period
                 if self.rejection_log.should_log("overrun")[0]:
                     self.get_logger().warning(
-                        f"cannot keep {self.profile.control_rate_hz:.1f} Hz: achieved "
+                        f"cannot keep {self.target_rate_hz:.1f} Hz: achieved "
                         f"{self.timer_stats.rate_hz():.1f} Hz, step p50 {self.timer_stats.latency_ms(50):.1f} ms")
 
     def publish_observation(self, image: np.ndarray, joints: np.ndarray):
