@@ -7,7 +7,10 @@ the typestore here.
 """
 from __future__ import annotations
 
+import errno
 import functools
+import os
+import sqlite3
 import struct
 import sys
 import time
@@ -25,6 +28,9 @@ from iws_common.profile import RobotProfile
 INTERFACES_PACKAGE = "iws_interfaces"
 STORAGES = {"mcap": StoragePlugin.MCAP, "sqlite3": StoragePlugin.SQLITE3}
 DEFAULT_STORAGE = "mcap"
+# How often a recording pushes what it holds in memory to the file: a SIGKILL or power cut loses at
+# most this much (plus what the OS had not yet written, on power loss), see BagWriter.
+FLUSH_INTERVAL_S = 0.5
 
 # Stream kind -> (profile.topics attribute, message type, QoS preset name in iws_common.qos).
 STREAMS: dict[str, tuple[str, str]] = {
@@ -122,16 +128,31 @@ def profile_streams(profile: RobotProfile, kinds: Iterable[str] | None = None) -
     return {k: (getattr(profile.topics, k), *STREAMS[k]) for k in chosen}
 
 
+class BagWriteError(BagError):
+    """Writing to the bag's file failed (disk full, file too large, I/O error). ``written`` messages
+    are safely in the file; ``readable`` says whether the bag was closed (else `iws bag repair`)."""
+
+    def __init__(self, message: str, path: Path, written: int, lost: int, readable: bool):
+        super().__init__(message, path)
+        self.written, self.lost, self.readable = written, lost, readable
+
+
 class BagWriter:
     """Writes serialized CDR messages of a profile's streams into a new rosbag2 directory.
 
-    Pending data is pushed to disk every ``flush_interval_s`` (an MCAP chunk is closed, or the
-    sqlite transaction committed), so a crash loses at most that much; ``close()`` writes the index
-    and metadata.yaml.
+    rosbags' MCAP writer keeps the current chunk in memory until it reaches 1 MiB, so this pushes
+    pending data to disk every ``flush_interval_s`` (the chunk is closed and the file flushed, or
+    the sqlite transaction committed), on a write or via ``flush_if_due()`` from a timer. A process
+    killed with SIGKILL therefore loses at most the last ``flush_interval_s`` of messages; the rest
+    is recovered by `iws bag repair`. ``close()`` writes the index and metadata.yaml.
+
+    A failed write (ENOSPC, EFBIG, EIO...) raises BagWriteError once: the file is cut back to the
+    last complete flush and closed if the disk allows it, else left as a clean prefix for repair.
     """
 
     def __init__(self, path: str | Path, profile: RobotProfile, kinds: Iterable[str] | None = None,
-                 storage: str = DEFAULT_STORAGE, flush_interval_s: float = 1.0, custom_data: dict | None = None):
+                 storage: str = DEFAULT_STORAGE, flush_interval_s: float | None = FLUSH_INTERVAL_S,
+                 custom_data: dict | None = None):
         from iws_common import qos as qos_presets  # rclpy import: only writers need it
 
         if storage not in STORAGES:
@@ -158,6 +179,12 @@ class BagWriter:
         self.counts = {topic: 0 for topic in self.connections}
         self._last_flush = time.monotonic()
         self.closed = False
+        self.failed: BagWriteError | None = None
+        self._good = None
+        try:  # schemas and channels reach the file at once, so even an empty recording is repairable
+            self.flush()
+        except (OSError, sqlite3.Error) as exc:
+            self._fail(exc)
 
     @property
     def message_count(self) -> int:
@@ -168,28 +195,141 @@ class BagWriter:
         connection = self.connections.get(topic)
         if connection is None:
             raise BagError(f"{self.path}: topic {topic} is not one of this bag's topics {list(self.connections)}", self.path, topic)
-        self._writer.write(connection, int(timestamp_ns), data)
-        self.counts[topic] += 1
+        if self.failed is not None:
+            raise self.failed
+        try:
+            self._writer.write(connection, int(timestamp_ns), data)
+            self.counts[topic] += 1
+            self.flush_if_due()
+        except (OSError, sqlite3.Error) as exc:
+            self._fail(exc)
+
+    def flush_if_due(self) -> None:
+        """Flush when ``flush_interval_s`` has passed since the last flush (call it from a timer too,
+        so that the last messages before a quiet period reach the disk)."""
         if self.flush_interval_s is not None and time.monotonic() - self._last_flush >= self.flush_interval_s:
-            self.flush()
+            try:
+                self.flush()
+            except (OSError, sqlite3.Error) as exc:
+                self._fail(exc)
+
+    @property
+    def storage_file(self) -> Path:
+        storage = self._writer.storage
+        return Path(storage.path) if storage is not None else (bag_storage_file(self.path) or self.path)
 
     def flush(self) -> None:
-        """Push buffered messages to the file (a partial bag then keeps them, see module doc)."""
+        """Push buffered messages to the file (a partial bag then keeps them, see class doc)."""
         storage = self._writer.storage
         self._last_flush = time.monotonic()
-        if storage is None:
+        if storage is None or self.closed:
             return
         if hasattr(storage, "close_chunk"):  # MCAP
             if storage.chunk.bio.tell():
+                if not storage.chunk.msgs:  # schemas/channels only: keep the chunk's time range sane
+                    storage.chunk.message_start_time = 0
                 storage.close_chunk()
             storage.bio.flush()
+            self._good = (storage.bio.tell(), len(storage.chunks), dict(storage.channel_stats),
+                          storage.message_start_time, storage.message_end_time, dict(self._writer.counts),
+                          self._writer.min_timestamp, self._writer.max_timestamp, dict(self.counts))
         elif hasattr(storage, "conn"):  # sqlite3
             storage.conn.commit()
+            self._good = (None, None, None, None, None, dict(self._writer.counts),
+                          self._writer.min_timestamp, self._writer.max_timestamp, dict(self.counts))
+
+    def _fail(self, exc: Exception) -> None:
+        """After a failed write: roll back to the last flush, try to close, raise BagWriteError."""
+        if self.failed is not None:
+            raise self.failed
+        file = self.storage_file
+        received = self.message_count
+        self.closed = True
+        readable = self._salvage()
+        written = self.message_count
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+            reason += " (the file size limit is reached)"
+        lost = received - written
+        if readable:
+            outcome = f"the bag {self.path} was closed and is readable"
+        else:
+            outcome = (f"the bag could not be closed; run `iws bag repair {self.path}` to recover the "
+                       f"{written} messages written before the failure")
+        self.failed = BagWriteError(
+            f"{file}: write failed: {reason}; stopped recording after {written} messages written "
+            f"({lost} received since the last flush were lost); {outcome}", self.path, written, lost, readable)
+        raise self.failed from exc
+
+    def _salvage(self) -> bool:
+        """Cut the file back to the last complete flush and write the index and metadata.yaml.
+        Returns whether the bag is readable as is (else it is a clean, repairable prefix)."""
+        storage, good = self._writer.storage, self._good
+        if storage is None:  # the storage was closed: only metadata.yaml can be missing
+            return (self.path / "metadata.yaml").is_file()
+        if good is None:
+            with suppress(Exception):
+                self._writer.abort()
+            return False
+        offset, nchunks, stats, start, end, writer_counts, tmin, tmax, counts = good
+        if hasattr(storage, "close_chunk"):
+            from rosbags.rosbag2.storage_mcap import PendingChunk
+            from collections import defaultdict
+            from io import BytesIO
+
+            with suppress(Exception):
+                storage.bio.close()  # its buffer holds a partial record: dropped by the truncate below
+            try:
+                os.truncate(storage.path, offset)
+                storage.bio = open(storage.path, "r+b")
+                storage.bio.seek(offset)
+            except OSError:
+                self._writer.storage = None
+                return False
+            del storage.chunks[nchunks:]
+            storage.channel_stats = stats
+            storage.message_start_time, storage.message_end_time = start, end
+            storage.chunk = PendingChunk(2**63 - 1, 0, BytesIO(), defaultdict(list))
+        else:
+            with suppress(Exception):
+                storage.conn.rollback()
+        self._writer.counts = writer_counts
+        self._writer.min_timestamp, self._writer.max_timestamp = tmin, tmax
+        self.counts = counts
+        try:
+            self._writer.close()
+            return True
+        except Exception:
+            with suppress(OSError):
+                (self.path / "metadata.yaml.tmp").unlink()
+            if self._writer.storage is None:  # the storage file is complete; metadata.yaml is not
+                return False
+            if hasattr(storage, "close_chunk"):
+                with suppress(Exception):
+                    storage.bio.close()
+                with suppress(OSError):
+                    os.truncate(storage.path, offset)
+            else:
+                with suppress(Exception):
+                    storage.conn.close()
+            self._writer.storage = None
+            return False
 
     def close(self) -> Path:
+        """Write the index and metadata.yaml; a failure here is handled like a failed write."""
+        if self.failed is not None:
+            raise self.failed
         if not self.closed:
+            try:
+                self.flush()
+            except (OSError, sqlite3.Error) as exc:
+                self._fail(exc)
             self.closed = True
-            self._writer.close()
+            try:
+                self._writer.close()
+            except (OSError, sqlite3.Error) as exc:
+                self.closed = False
+                self._fail(exc)
         return self.path
 
     def abort(self) -> None:

@@ -9,6 +9,12 @@ lines up with the header stamps.
 
 SIGINT and SIGTERM stop the recorder: it drains what is already queued, closes the bag (index and
 metadata.yaml) and exits 0, so every message received before the signal is in the bag.
+
+Faults: the bag is flushed to disk every FLUSH_INTERVAL_S (0.5 s, also while no messages arrive),
+so a SIGKILL or crash loses at most the last 0.5 s; `iws bag repair` recovers the rest. A failed
+write (disk full, file size limit, I/O error) stops the recording with one error line naming the
+file and the messages written, closes the bag if the disk allows (else points to `iws bag repair`)
+and exits 1.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from iws_data.bags import DEFAULT_STORAGE, STORAGES, STREAMS, BagError, BagWriter, profile_streams
+from iws_data.bags import DEFAULT_STORAGE, STORAGES, STREAMS, BagError, BagWriteError, BagWriter, profile_streams
 
 DEFAULT_KINDS = ["image", "camera_info", "joint_states", "position_command", "trajectory_command",
                  "task_state", "episode_events"]
@@ -57,6 +63,7 @@ class Recorder:
         self.clock_mode = clock
         self.sim_time_ns: int | None = None
         self.received = 0
+        self.error: BagWriteError | None = None
         presets = {"IMAGE": recorder_qos(qos.IMAGE_SUBSCRIBER, IMAGE_QUEUE), "STATE": recorder_qos(qos.STATE, QUEUE),
                    "COMMAND": recorder_qos(qos.COMMAND, QUEUE), "EVENTS": recorder_qos(qos.EVENTS, QUEUE)}
         streams = profile_streams(profile, kinds)
@@ -97,13 +104,29 @@ class Recorder:
         def write(data: bytes) -> None:
             with self.lock:
                 if not self.bag.closed:
-                    self.bag.write(topic, data, self.log_time_ns())
                     self.received += 1
+                    try:
+                        self.bag.write(topic, data, self.log_time_ns())
+                    except BagWriteError as exc:
+                        self.error = exc
         return write
+
+    def flush_if_due(self) -> None:
+        """The flush timer: pushes the last messages to disk even when no more arrive."""
+        with self.lock:
+            if not self.bag.closed:
+                try:
+                    self.bag.flush_if_due()
+                except BagWriteError as exc:
+                    self.error = exc
 
     def close(self) -> Path:
         with self.lock:
-            return self.bag.close()
+            try:
+                return self.bag.close()
+            except BagWriteError as exc:
+                self.error = exc
+                return self.bag.path
 
 
 def _message_class(msgtype: str):
@@ -138,13 +161,14 @@ def record(profile, out: Path, kinds: list[str], storage: str = DEFAULT_STORAGE,
         deadline = None if duration_s is None else time.monotonic() + duration_s
         last_status = time.monotonic()
         try:
-            while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            while not stop.is_set() and recorder.error is None and (deadline is None or time.monotonic() < deadline):
                 executor.spin_once(timeout_sec=0.05)
+                recorder.flush_if_due()
                 if time.monotonic() - last_status > 10.0:
                     last_status = time.monotonic()
                     print(f"iws record: {recorder.received} messages", flush=True)
             # Drain callbacks already ready, so nothing that arrived before the signal is dropped.
-            for _ in range(1000):
+            for _ in range(1000 if recorder.error is None else 0):
                 before = recorder.received
                 executor.spin_once(timeout_sec=0.01)
                 if recorder.received == before:
@@ -152,6 +176,8 @@ def record(profile, out: Path, kinds: list[str], storage: str = DEFAULT_STORAGE,
         except (KeyboardInterrupt, ExternalShutdownException):
             pass
         path = recorder.close()
+        if recorder.error is not None:
+            raise recorder.error
         counts = ", ".join(f"{topic}: {n}" for topic, n in recorder.bag.counts.items() if n)
         print(f"iws record: wrote {recorder.bag.message_count} messages to {path} ({counts or 'none'})", flush=True)
         return recorder.bag.message_count
