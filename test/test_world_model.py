@@ -126,6 +126,23 @@ def test_mse_baseline_trains_and_rolls_out(tmp_path, dataset_dir):
     np.testing.assert_array_equal(a[-1][1], b[-1][1])  # deterministic dynamics: the seed moves nothing
 
 
+def test_baseline_over_the_same_autoencoder(tmp_path, dataset_dir, run_dir):
+    text = TINY.read_text().replace("decode_steps: 1", "decode_steps: 1\n  dynamics_objective: mse")
+    cfg = tmp_path / "tiny_mse.yaml"
+    cfg.write_text(text)
+    out = tmp_path / "mse"
+    assert train.main(["--config", str(cfg), "--data", str(dataset_dir), "--out", str(out), "--stage", "2",
+                       "--steps", "3", "--init-autoencoder", str(run_dir), "--device", "cpu"]) == 0
+    baseline, source = WorldModel.load(out).network, WorldModel.load(run_dir).network
+    for name in ("encoder", "decoder"):
+        for a, b in zip(getattr(baseline, name).state_dict().values(), getattr(source, name).state_dict().values()):
+            assert torch.equal(a, b), f"the baseline's {name} must be the source's"
+    dynamics = zip(baseline.dynamics.state_dict().values(), source.dynamics.state_dict().values())
+    assert not all(torch.equal(a, b) for a, b in dynamics), "the baseline's dynamics is trained afresh"
+    assert train.main(["--config", str(cfg), "--data", str(dataset_dir), "--out", str(tmp_path / "x"),
+                       "--init-autoencoder", str(run_dir)]) == 2  # stage 1 would overwrite the autoencoder
+
+
 # checkpoints -----------------------------------------------------------------------------------
 def test_checkpoint_round_trip_gives_identical_outputs(run_dir, dataset_dir, tmp_path):
     first = WorldModel.load(run_dir, threads=1)

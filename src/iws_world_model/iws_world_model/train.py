@@ -113,6 +113,19 @@ class Trainer:
         self.stats = meta.get("training", {}).get("stages", {})
         self.completed = list(meta.get("training", {}).get("completed", []))
 
+    def load_autoencoder(self, directory: Path) -> None:
+        """Encoder and decoder from another checkpoint, everything else fresh: a baseline dynamics
+        (e.g. plain MSE) of equal size trained over the very same autoencoder."""
+        network, meta = checkpoint.load(directory, self.device)
+        for name in ("encoder", "decoder"):
+            try:
+                getattr(self.network, name).load_state_dict(getattr(network, name).state_dict())
+            except RuntimeError as exc:
+                raise checkpoint.CheckpointError(f"{directory}: its {name} does not fit the --config model: {exc}") from exc
+        self.normalization = meta["normalization"]
+        self.completed = [1]
+        self.stats = {"1": {**meta.get("training", {}).get("stages", {}).get("1", {}), "from": str(directory)}}
+
     def save(self, stage: int, step: int, optimizer, scheduler) -> None:
         if self.rank != 0:
             return
@@ -210,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=None, help="override train.seed")
+    p.add_argument("--init-autoencoder", default=None, metavar="CKPT",
+                   help="take encoder and decoder from CKPT and train the selected later stages fresh "
+                        "(a baseline of equal size over the same autoencoder)")
     args = p.parse_args(argv)
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -249,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
             trainer.completed, trainer.stats = resume_state["completed"], resume_state["stats"]
             trainer.losses = resume_state["losses"]
             torch.set_rng_state(resume_state["torch_rng"])
+        elif args.init_autoencoder:
+            if plan[0] == 1:
+                raise checkpoint.CheckpointError("--init-autoencoder replaces stage 1: pass --stage 2 (or 3)")
+            trainer.load_autoencoder(Path(args.init_autoencoder))
         elif plan[0] == 1 and (out / checkpoint.WEIGHTS).exists():
             raise checkpoint.CheckpointError(f"{out}: already holds a checkpoint; pass --resume, "
                                              "--stage 2/3 to train later stages on it, or choose a new --out")
