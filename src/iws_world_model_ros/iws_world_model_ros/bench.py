@@ -65,7 +65,7 @@ class PolicyLoop:
     AMPLITUDE_RAD = 0.05
     PERIOD_S = 5.0
 
-    def __init__(self, model: Path, rate_hz: float, threads: int = 2, robot: str = "reference_arm",
+    def __init__(self, model: Path, rate_hz: float, threads: int = 1, robot: str = "reference_arm",
                  log_dir: Path | None = None):
         from sensor_msgs.msg import Image
         from std_msgs.msg import Float64MultiArray
@@ -277,7 +277,7 @@ def _common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="checkpoint directory (default: the shipped models/push_t)")
     parser.add_argument("--rate", type=float, default=15.0,
                         help="node tick rate in Hz, its `rate_hz` parameter (0 = the profile's control rate)")
-    parser.add_argument("--threads", type=int, default=2, help="the node's inference threads")
+    parser.add_argument("--threads", type=int, default=1, help="the node's inference threads")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds of the loop before measuring")
     parser.add_argument("--robot", default="reference_arm")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")

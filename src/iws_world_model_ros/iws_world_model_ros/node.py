@@ -45,7 +45,7 @@ class WorldModelNode(SimulatorNode):
         self.declare_parameter("model", "")
         self.declare_parameter("start_dataset", "")
         self.declare_parameter("native_resolution", False)
-        self.declare_parameter("threads", 2)
+        self.declare_parameter("threads", 1)
         self.declare_parameter("decode_steps", 0)
         # Real-time tick rate; 0 = the profile's control rate. Each step still advances sim time by one
         # control period (what the model was trained on): the override measures capacity, e.g. at 15 Hz.
