@@ -116,7 +116,7 @@ def test_up_ab_fans_out_commands_and_compare_writes_video(tiny_world_model, doma
     finally:
         if compare is not None:
             compare.stop()
-        assert up.stop() in (0, -2), up.log_path.read_text()[-3000:]
+        assert up.stop(timeout=30) in (0, -2), up.log_path.read_text()[-3000:]
     log = up.log_path.read_text()
     assert "real ready" in log and "sim ready" in log and "stopping" in log
     summary = json.loads((tmp_path / "ab.json").read_text())

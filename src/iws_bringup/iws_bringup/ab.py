@@ -70,7 +70,7 @@ def wait_until_ready(nodes: list[NodeLaunch], processes: dict, profile: RobotPro
 
 
 def run_ab(robot: str, overrides: dict, logs: Path | None = None) -> int:
-    from iws_common.processes import NodeProcess
+    from iws_common.processes import NodeProcess, stop_all
 
     profile = load_profile(robot)
     nodes = ab_nodes(robot, overrides, load_ab())
@@ -103,8 +103,8 @@ def run_ab(robot: str, overrides: dict, logs: Path | None = None) -> int:
     except KeyboardInterrupt:
         print("\niws up ab: stopping", flush=True)
     finally:
-        for label in reversed(list(processes)):  # the fan-out first: no commands into stopping nodes
-            returned = processes[label].stop()
+        # The fan-out is signalled first (no commands into stopping nodes); all stop in parallel.
+        for returned in stop_all([processes[label] for label in reversed(list(processes))]):
             if returned not in (0, -signal.SIGINT):
                 code = 1
         signal.signal(signal.SIGTERM, previous)

@@ -43,13 +43,25 @@ class NodeProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self, sig=signal.SIGINT, timeout: float = 10.0) -> int:
+    def request_stop(self, sig=signal.SIGINT) -> None:
+        """Signal the process without waiting, so that several nodes can shut down in parallel."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+
+    def stop(self, sig=signal.SIGINT, timeout: float = 10.0) -> int:
+        """Signal, wait up to ``timeout``, then kill the process group; returns the exit code."""
+        self.request_stop(sig)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
         self.log.close()
         return self.proc.returncode
+
+
+def stop_all(processes: list[NodeProcess], timeout: float = 10.0) -> list[int]:
+    """Stop several nodes at once, in the given order of signalling; their exit codes."""
+    for process in processes:
+        process.request_stop()
+    return [process.stop(timeout=timeout) for process in processes]
