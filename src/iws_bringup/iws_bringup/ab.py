@@ -81,9 +81,11 @@ def run_ab(robot: str, overrides: dict, logs: Path | None = None) -> int:
     discovery = os.environ.get("ROS_AUTOMATIC_DISCOVERY_RANGE", "SUBNET")
     print(f"iws up ab: robot {profile.name}, ROS domain {domain}, logs in {logs}\n{describe(nodes, profile)}", flush=True)
 
-    def stop_on_sigterm(signum, frame):
+    def stop_on_signal(signum, frame):
         raise KeyboardInterrupt
-    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
+    # SIGINT explicitly too: a process started in the background by a non-interactive shell inherits
+    # SIGINT as ignored, and Python then never raises KeyboardInterrupt.
+    previous = {sig: signal.signal(sig, stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     processes: dict[str, NodeProcess] = {}
     code = 0
     try:
@@ -107,5 +109,6 @@ def run_ab(robot: str, overrides: dict, logs: Path | None = None) -> int:
         for returned in stop_all([processes[label] for label in reversed(list(processes))]):
             if returned not in (0, -signal.SIGINT):
                 code = 1
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return code
