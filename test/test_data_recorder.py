@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from iws_common.processes import ros_env  # noqa: F401  (also used by test_data_faults)
 from iws_common.profile import load_profile
 from iws_data.bags import BagReader
 
@@ -85,13 +86,6 @@ PUBLISHER = textwrap.dedent('''
     node.destroy_node()
     rclpy.shutdown()
 ''')
-
-
-def ros_env(domain_id: int) -> dict:
-    env = dict(os.environ)
-    env.update(ROS_DOMAIN_ID=str(domain_id), FASTDDS_BUILTIN_TRANSPORTS="LARGE_DATA",
-               ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST", PYTHONUNBUFFERED="1")
-    return env
 
 
 def start(args, env, log: Path) -> subprocess.Popen:
