@@ -60,6 +60,10 @@ def check_interface(client, profile: RobotProfile, step=None) -> dict:
                    if t not in published.get(getattr(topics, k), [])]
         missing += [getattr(profile.services, k) for k, t in EXPECTED_SERVICES.items()
                     if t not in services.get(getattr(profile.services, k), [])]
+        # A topic can be in the graph through another node's publisher (A/B's fan-out): wait for
+        # the backend's own subscriptions too.
+        missing += [getattr(topics, k) for k in EXPECTED_SUBSCRIBED
+                    if not node.get_subscriptions_info_by_topic(getattr(topics, k))]
         return not missing or None
 
     assert _wait_for_graph(node, graph_has_everything), (

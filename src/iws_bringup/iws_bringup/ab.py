@@ -9,7 +9,6 @@ resets /sim to /real's latest frames.
 """
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -17,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from iws_bringup.backends import NodeLaunch, ab_nodes, load_ab, ros_arguments
+from iws_common.isolation import DISCOVERY_RANGE, simulator_domain
 from iws_common.profile import RobotProfile, load_profile, repo_root
 
 READY_TIMEOUT_S = 180.0  # loading a large model on a small CPU takes a while
@@ -45,7 +45,7 @@ def wait_until_ready(nodes: list[NodeLaunch], processes: dict, profile: RobotPro
     from iws_common.client import RosClient
     from iws_interfaces.msg import WorldStatus
 
-    client = RosClient(name="iws_up_ab")
+    client = RosClient(simulator_domain(profile), name="iws_up_ab")
     try:
         status = {n.label: client.collect(WorldStatus, profile.namespaced(n.namespace).topics.world_status)
                   for n in nodes if n.label != "fanout"}
@@ -76,9 +76,7 @@ def run_ab(robot: str, overrides: dict, logs: Path | None = None) -> int:
     nodes = ab_nodes(robot, overrides, load_ab())
     logs = (logs or repo_root() / "out" / f"ab_{datetime.now():%Y%m%d_%H%M%S}").resolve()
     logs.mkdir(parents=True, exist_ok=True)
-    domain = int(os.environ.get("ROS_DOMAIN_ID", "0"))
-    # Children discover like this process (and the user's tools) do; NodeProcess defaults to localhost.
-    discovery = os.environ.get("ROS_AUTOMATIC_DISCOVERY_RANGE", "SUBNET")
+    domain = simulator_domain(profile)  # `iws up` has set ROS_DOMAIN_ID (the profile's simulator domain)
     print(f"iws up ab: robot {profile.name}, ROS domain {domain}, logs in {logs}\n{describe(nodes, profile)}", flush=True)
 
     def stop_on_signal(signum, frame):
@@ -91,7 +89,7 @@ def run_ab(robot: str, overrides: dict, logs: Path | None = None) -> int:
     try:
         for node in nodes:
             processes[node.label] = NodeProcess(node_command(node), domain, logs / f"{node.label}.log",
-                                                ROS_AUTOMATIC_DISCOVERY_RANGE=discovery)
+                                                ROS_AUTOMATIC_DISCOVERY_RANGE=DISCOVERY_RANGE)
         if not wait_until_ready(nodes, processes, profile):
             return 1
         print("iws up ab: running; Ctrl-C stops every node", flush=True)

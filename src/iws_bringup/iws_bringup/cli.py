@@ -11,6 +11,7 @@ import sys
 # (words...) -> "module:function". Longest match wins.
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("up",): ("iws_bringup.up:main", "start a backend on a robot profile's topics (reference, world_model, ab)"),
+    ("env",): ("iws_bringup.up:env_main", "print the exports that put this shell's nodes on the simulator's ROS domain"),
     ("demo",): ("iws_bringup.demo:main", "the main job: drive a simulated arm through ROS, record a bag and a video"),
     ("compare",): ("iws_bringup.compare:main", "A/B video real | sim | difference with per-frame error (after `iws up ab`)"),
     ("teleop",): ("iws_reference_robot.teleop:main", "keyboard teleop of the pusher from a terminal, with episode start/save/discard"),

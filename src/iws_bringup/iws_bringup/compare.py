@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from iws_common.isolation import use_simulator_domain_by_default
 from iws_common.profile import ProfileError, RobotProfile, load_profile, normalize_namespace
 
 
@@ -285,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seconds must be positive and --frames at least 1")
     try:
         profile = load_profile(args.robot)
+        use_simulator_domain_by_default(profile, "iws compare")
         sides = [ns for _, ns in load_ab().sides]
         real_ns = normalize_namespace(args.real) if args.real else sides[0]
         sim_ns = normalize_namespace(args.sim) if args.sim else sides[1]

@@ -14,6 +14,8 @@ from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
 from iws_bringup.backends import ab_nodes, load_ab
+from iws_common.isolation import simulator_environment
+from iws_common.profile import load_profile
 
 ARGUMENTS = {
     "robot": ("reference_arm", "robot profile name or YAML path"),
@@ -28,8 +30,10 @@ def _start(context):
     value = {name: LaunchConfiguration(name).perform(context) for name in ARGUMENTS}
     overrides = {key: value[key] or None for key in ("task", "mode", "model")}
     overrides["seed"] = int(value["seed"]) if value["seed"] else None
+    # Every node on the simulator's domain, localhost only (docs/safety.md), like `iws up ab`.
+    env = simulator_environment(load_profile(value["robot"]))
     return [Node(package=node.backend.package, executable=node.backend.executable, namespace=node.namespace or None,
-                 parameters=[node.parameters], output="screen")
+                 parameters=[node.parameters], additional_env=env, output="screen")
             for node in ab_nodes(value["robot"], overrides, load_ab())]
 
 

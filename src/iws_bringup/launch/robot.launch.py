@@ -12,6 +12,8 @@ from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
 from iws_bringup.backends import get_backend, node_parameters
+from iws_common.isolation import simulator_environment
+from iws_common.profile import load_profile
 
 ARGUMENTS = {
     "backend": ("reference", "reference | world_model | real (see config/bringup.yaml)"),
@@ -21,6 +23,8 @@ ARGUMENTS = {
     "seed": ("", "initial-state seed (empty: bringup default)"),
     "model": ("", "world model checkpoint directory (empty: the shipped models/push_t)"),
     "namespace": ("", "prefix for every profile topic and service, e.g. /sim (empty: none)"),
+    "allow_hardware_domain": ("", "true: start even on the profile's hardware domain (docs/safety.md)"),
+    "allow_foreign_nodes": ("", "true: start even beside another node on this robot's topics"),
 }
 
 
@@ -30,9 +34,14 @@ def _start(context):
     if not backend.starts_a_node:
         return [LogInfo(msg=f"backend {backend.name}: {backend.description}; nothing started")]
     overrides = {key: value[key] or None for key in ("task", "mode", "model", "namespace")}
+    for key in ("allow_hardware_domain", "allow_foreign_nodes"):
+        overrides[key] = value[key].lower() == "true" if value[key] else None
     overrides["seed"] = int(value["seed"]) if value["seed"] else None
     params = node_parameters(backend, value["robot"], overrides)
-    return [Node(package=backend.package, executable=backend.executable, parameters=[params], output="screen")]
+    # The simulator's domain (ROS_DOMAIN_ID, else the profile's simulator domain), localhost only.
+    env = simulator_environment(load_profile(value["robot"]))
+    return [Node(package=backend.package, executable=backend.executable, parameters=[params],
+                 additional_env=env, output="screen")]
 
 
 def generate_launch_description():

@@ -98,6 +98,7 @@ class RobotProfile:
     name: str
     description: str
     hardware_ros_domain_id: int
+    simulator_ros_domain_id: int
     joints: JointSpec
     topics: Topics
     services: Services
@@ -154,6 +155,13 @@ def _fields(cls, data: dict, where: str, convert=lambda name, v: v) -> Any:
     if unknown:
         raise ProfileError(f"{where}: unknown keys {sorted(unknown)}")
     return cls(**kwargs)
+
+
+def _domain(data: dict, key: str, default: int, where: str) -> int:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 232:
+        raise ProfileError(f"{where}: {key} must be an integer ROS domain id in 0..232, got {value!r}")
+    return value
 
 
 def resolve_profile_path(name_or_path: str | Path) -> Path:
@@ -215,10 +223,17 @@ def load_profile(name_or_path: str | Path = "reference_arm") -> RobotProfile:
     if not math.isfinite(rate) or rate <= 0:
         raise ProfileError(f"{where} [control]: rate_hz must be positive")
 
+    hardware_domain = _domain(data, "hardware_ros_domain_id", 0, where)
+    simulator_domain = _domain(data, "simulator_ros_domain_id", 42, where)
+    if simulator_domain == hardware_domain:
+        raise ProfileError(f"{where}: simulator_ros_domain_id must differ from hardware_ros_domain_id "
+                           f"({hardware_domain}): a simulator must never share the hardware's domain")
+
     return RobotProfile(
         name=str(data.get("name", path.stem)),
         description=str(data.get("description", "")),
-        hardware_ros_domain_id=int(data.get("hardware_ros_domain_id", 0)),
+        hardware_ros_domain_id=hardware_domain,
+        simulator_ros_domain_id=simulator_domain,
         joints=joints, topics=topics, services=services, camera=camera,
         base_frame=str(_section(data, "frames", where).get("base", "base_link")),
         control_rate_hz=rate, source=path)

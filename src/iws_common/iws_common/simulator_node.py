@@ -18,6 +18,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from iws_common import qos
 from iws_common.commands import CommandRejected, JointCommandFollower
+from iws_common.isolation import check_domain, check_graph, foreign_endpoints
 from iws_common.messages import time_msg
 from iws_common.profile import load_profile
 from iws_common.stats import StepTimer
@@ -38,7 +39,13 @@ class SimulatorNode(Node):
         self.declare_parameter("seed", 0)
         # Prefixed to every profile name (/sim/joint_states), so A/B bringup can run two backends.
         self.declare_parameter("namespace", "")
+        # Isolation overrides (docs/safety.md): both default to refusing.
+        self.declare_parameter("allow_hardware_domain", False)
+        self.declare_parameter("allow_foreign_nodes", False)
+        # Seconds to watch the graph for a driver on this robot's topics before serving them.
+        self.declare_parameter("graph_check_s", 1.0)
         self.profile = load_profile(self.get_parameter("robot").value).namespaced(self.get_parameter("namespace").value)
+        self._check_isolation()
         self.mode = str(self.get_parameter("mode").value)
         if self.mode not in MODES:
             raise ValueError(f"parameter mode must be one of {MODES}, got '{self.mode}'")
@@ -66,6 +73,25 @@ class SimulatorNode(Node):
                                  qos.COMMAND, callback_group=command_group)
         self.create_subscription(JointTrajectory, topics.trajectory_command, self.on_trajectory,
                                  qos.COMMAND, callback_group=command_group)
+
+    def _check_isolation(self) -> None:
+        """Refuse the hardware's domain and a graph where another node serves these topics, before
+        this node creates a single publisher or subscription (iws_common.isolation)."""
+        check_domain(self.profile, self.context.get_domain_id(), bool(self.get_parameter("allow_hardware_domain").value))
+        found = check_graph(self, self.profile, float(self.get_parameter("graph_check_s").value),
+                            bool(self.get_parameter("allow_foreign_nodes").value))
+        for line in found:
+            self.get_logger().warning(f"allow_foreign_nodes: starting beside {line}")
+        if not found:
+            # A driver started after this node is reported too (it cannot be refused any more).
+            self._graph_log = KindThrottle(period_s=10.0)
+            self.create_timer(2.0, self._watch_graph)
+
+    def _watch_graph(self) -> None:
+        found = foreign_endpoints(self, self.profile)
+        if found and self._graph_log.should_log("foreign_node")[0]:
+            self.get_logger().error(f"another node now serves this robot's interface: {'; '.join(found)}. "
+                                    "Is a real driver on this domain? Stop this simulator or that node")
 
     def create_world_services(self, callback_group=None) -> None:
         """ResetWorld, StepWorld and pause on the profile's names (after the subclass is ready)."""

@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     args = parser.parse_args(argv)
 
+    from iws_common.isolation import use_simulator_domain_by_default
     from iws_common.profile import ProfileError, load_profile
 
     kinds = []
@@ -210,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds.extend(k for k in item.split(",") if k)
     try:
         profile = load_profile(args.robot)
+        use_simulator_domain_by_default(profile, "iws record")
         by_topic = {getattr(profile.topics, k): k for k in STREAMS}
         kinds = [by_topic.get(k, k) for k in kinds]
         record(profile, Path(args.out), kinds, storage=args.storage, clock=args.clock, duration_s=args.duration)

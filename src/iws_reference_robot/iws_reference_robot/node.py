@@ -108,12 +108,13 @@ class ReferenceRobotNode(SimulatorNode):
         return response
 
     def destroy_node(self) -> None:
-        self.sim.close()
+        if hasattr(self, "sim"):  # absent when start-up was refused
+            self.sim.close()
         super().destroy_node()
 
 
 def main(args: list[str] | None = None) -> int:
-    return run_node(ReferenceRobotNode, "reference_robot", SingleThreadedExecutor, args)
+    return run_node(ReferenceRobotNode, "reference_robot", SingleThreadedExecutor, args, simulator=True)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 
+from iws_common.isolation import use_simulator_domain_by_default
 from iws_common.profile import ProfileError, RobotProfile, load_profile, normalize_namespace
 
 MOVES = {"w": (0.0, 1.0), "up": (0.0, 1.0), "s": (0.0, -1.0), "down": (0.0, -1.0),
@@ -295,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from iws_common.client import RosClient
 
+    use_simulator_domain_by_default(profile, "iws teleop")
     client = RosClient(name="iws_teleop_client")
     node = make_teleop_node(profile, step=args.step, task=args.task, observe=observe, context=client.context)
     client.executor.add_node(node)

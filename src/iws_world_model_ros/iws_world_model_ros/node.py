@@ -263,7 +263,7 @@ class WorldModelNode(SimulatorNode):
 
 
 def main(args: list[str] | None = None) -> int:
-    return run_node(WorldModelNode, "world_model", MultiThreadedExecutor, args, num_threads=2)
+    return run_node(WorldModelNode, "world_model", MultiThreadedExecutor, args, simulator=True, num_threads=2)
 
 
 if __name__ == "__main__":
