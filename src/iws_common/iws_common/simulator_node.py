@@ -43,7 +43,7 @@ class SimulatorNode(Node):
         self.declare_parameter("allow_hardware_domain", False)
         self.declare_parameter("allow_foreign_nodes", False)
         # Seconds to watch the graph for a driver on this robot's topics before serving them.
-        self.declare_parameter("graph_check_s", 1.0)
+        self.declare_parameter("graph_check_s", 2.0)
         self.profile = load_profile(self.get_parameter("robot").value).namespaced(self.get_parameter("namespace").value)
         self._check_isolation()
         self.mode = str(self.get_parameter("mode").value)
