@@ -15,6 +15,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("demo",): ("iws_bringup.demo:main", "the main job: drive a simulated arm through ROS, record a bag and a video"),
     ("compare",): ("iws_bringup.compare:main", "A/B video real | sim | difference with per-frame error (after `iws up ab`)"),
     ("teleop",): ("iws_reference_robot.teleop:main", "keyboard teleop of the pusher from a terminal, with episode start/save/discard"),
+    ("bench", "fuzz"): ("iws_bringup.fuzz:main", "malformed input on every topic and service of both simulator backends"),
     ("bench", "reference"): ("iws_reference_robot.bench:main", "lockstep steps/s of the reference robot incl. render and publish"),
     ("record",): ("iws_data.recorder:main", "record a robot profile's topics to rosbag2 (MCAP)"),
     ("collect",): ("iws_data.collect:main", "collect play data / demonstrations as rosbag2 episodes"),

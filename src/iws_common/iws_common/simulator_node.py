@@ -27,6 +27,8 @@ from iws_interfaces.msg import WorldStatus
 from iws_interfaces.srv import ResetWorld, StepWorld
 
 MODES = ("realtime", "lockstep")
+# One StepWorld call holds the world until it returns; more steps are more calls.
+MAX_STEPS_PER_CALL = 1000
 
 
 class SimulatorNode(Node):
@@ -96,17 +98,35 @@ class SimulatorNode(Node):
     def create_world_services(self, callback_group=None) -> None:
         """ResetWorld, StepWorld and pause on the profile's names (after the subclass is ready)."""
         services = self.profile.services
-        self.create_service(ResetWorld, services.reset, self.on_reset, callback_group=callback_group)
-        self.create_service(StepWorld, services.step, self.on_step, callback_group=callback_group)
-        self.create_service(SetBool, services.pause, self.on_pause, callback_group=callback_group)
+        self.create_service(ResetWorld, services.reset, self._guarded_service("reset", self.on_reset),
+                            callback_group=callback_group)
+        self.create_service(StepWorld, services.step, self._guarded_service("step", self.on_step),
+                            callback_group=callback_group)
+        self.create_service(SetBool, services.pause, self._guarded_service("pause", self.on_pause),
+                            callback_group=callback_group)
+
+    def _guarded_service(self, name: str, handler):
+        """A handler that answers success=False instead of raising: an exception in a callback
+        would end the executor's spin, and with it the node, on a client's bad request."""
+        def serve(request, response):
+            try:
+                return handler(request, response)
+            except Exception as exc:  # noqa: BLE001 - the node must outlive any request
+                response.success, response.message = False, f"{name} failed: {type(exc).__name__}: {exc}"
+                self.log_refusal(f"{name}_error", response.message)
+                return response
+        return serve
 
     # -- commands ---------------------------------------------------------------------------
-    def log_rejection(self, exc: CommandRejected) -> None:
-        # One line per kind of problem per second at most: a flood of bad input must not flood the log.
-        log_now, suppressed = self.rejection_log.should_log(exc.kind)
+    def log_refusal(self, kind: str, message: str) -> None:
+        """One line per kind of problem per second at most: a flood of bad input must not flood the log."""
+        log_now, suppressed = self.rejection_log.should_log(kind)
         if log_now:
             more = f" (+{suppressed} more of this kind)" if suppressed else ""
-            self.get_logger().error(f"rejected command ({exc.kind}): {exc}{more}")
+            self.get_logger().error(f"rejected ({kind}): {message}{more}")
+
+    def log_rejection(self, exc: CommandRejected) -> None:
+        self.log_refusal(exc.kind, f"command: {exc}")
 
     def on_position_command(self, msg: Float64MultiArray) -> None:
         try:
@@ -116,6 +136,9 @@ class SimulatorNode(Node):
                 self.get_logger().warning("position command beyond joint limits: clamped to the limits")
         except CommandRejected as exc:
             self.log_rejection(exc)
+        except Exception as exc:  # noqa: BLE001 - no message may take the node down
+            self.follower.rejected["invalid"] += 1
+            self.log_refusal("invalid", f"position command: {type(exc).__name__}: {exc}")
 
     def on_trajectory(self, msg: JointTrajectory) -> None:
         try:
@@ -124,6 +147,9 @@ class SimulatorNode(Node):
                                          now=self.clock_ns * 1e-9)
         except CommandRejected as exc:
             self.log_rejection(exc)
+        except Exception as exc:  # noqa: BLE001
+            self.follower.rejected["invalid"] += 1
+            self.log_refusal("invalid", f"trajectory: {type(exc).__name__}: {exc}")
 
     # -- status and services ----------------------------------------------------------------
     def publish_clock(self):
@@ -141,13 +167,19 @@ class SimulatorNode(Node):
         status.header.stamp = time_msg(self.clock_ns)
         self.pub_status.publish(status)
 
-    def step_refusal(self) -> str:
-        """Why a StepWorld call cannot run now ("" when it can)."""
+    def step_refusal(self, num_steps: int) -> str:
+        """Why a StepWorld call cannot run now ("" when it can); logged, rate-limited, by kind."""
+        kind, message = "", ""
         if self.mode != "lockstep":
-            return "StepWorld needs mode:=lockstep (this node runs in realtime)"
-        if self.paused:
-            return "paused: unpause before stepping"
-        return ""
+            kind, message = "step_realtime", "StepWorld needs mode:=lockstep (this node runs in realtime)"
+        elif self.paused:
+            kind, message = "step_paused", "paused: unpause before stepping"
+        elif num_steps > MAX_STEPS_PER_CALL:
+            kind, message = "step_too_many", (f"num_steps {num_steps} exceeds {MAX_STEPS_PER_CALL} per call "
+                                              "(a call blocks the world until it returns): call again instead")
+        if kind:
+            self.log_refusal(kind, message)
+        return message
 
     def on_pause(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
         self.paused = bool(request.data)

@@ -85,6 +85,7 @@ class ReferenceRobotNode(SimulatorNode):
         if len(request.images) or len(request.joint_states):
             response.success = False
             response.message = "the reference robot resets from a seed; image/joint-state windows are for the world model"
+            self.log_refusal("reset", response.message)
             return response
         self.sim.reset(seed)
         self.follower.reset(self.sim.joint_positions())
@@ -95,7 +96,7 @@ class ReferenceRobotNode(SimulatorNode):
         return response
 
     def on_step(self, request: StepWorld.Request, response: StepWorld.Response) -> StepWorld.Response:
-        refusal = self.step_refusal()
+        refusal = self.step_refusal(int(request.num_steps))
         if refusal:
             response.success, response.message = False, refusal
         else:
