@@ -140,8 +140,9 @@ class WorldModelNode(SimulatorNode):
         return image
 
     # -- stepping ---------------------------------------------------------------------------
-    def advance(self) -> None:
-        """One control step: the command in force is the action; predict, then publish."""
+    def advance(self, release_at: float | None = None) -> None:
+        """One control step: the command in force is the action; predict, then publish, in realtime
+        not before ``release_at`` (time.monotonic()), so that frames leave at a steady rate."""
         started = time.perf_counter()
         with self.world_lock:
             self.follower.step(self.clock_ns * 1e-9, self.dt)  # samples a running trajectory
@@ -150,8 +151,19 @@ class WorldModelNode(SimulatorNode):
             self.clock_ns += self.dt_ns
             self.step_count += 1
             self._last_image, self._last_joints = self._camera_image(image), joints.astype(np.float64)
+            self.timer_stats.record(started)  # compute time: what the lead below is sized from
+            if release_at is not None:
+                wait = release_at - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
             self.publish_observation(self._last_image, self._last_joints)
-        self.timer_stats.record(started)
+
+    def _compute_lead(self) -> float:
+        """How long before a frame's release its step starts: the recent p95 step time with a
+        margin, at most 80 % of a tick. The command in force at that moment drives the frame."""
+        if len(self.timer_stats.latencies) < 10:
+            return 0.5 * self.tick_period
+        return min(0.8 * self.tick_period, 1.25 * self.timer_stats.latency_ms(95) * 1e-3 + 0.003)
 
     def _inference_loop(self) -> None:
         """Run the world until shutdown; an unexpected error in one step is logged, never fatal."""
@@ -165,7 +177,9 @@ class WorldModelNode(SimulatorNode):
                 time.sleep(0.01)
 
     def _run_ticks(self) -> None:
-        next_tick = time.monotonic()
+        # Realtime: frame k is released at next_release; its step starts a lead earlier (a camera's
+        # exposure and transfer, in effect), so releases are periodic even though steps vary.
+        next_release = time.monotonic() + self.tick_period
         while self._running and rclpy.ok(context=self.context):
             if self.mode == "lockstep":
                 try:
@@ -181,20 +195,21 @@ class WorldModelNode(SimulatorNode):
                 finally:
                     done.set()
                 continue
+            lead = self._compute_lead()
             now = time.monotonic()
-            if now < next_tick:
-                time.sleep(min(next_tick - now, 0.05))
+            if now < next_release - lead:
+                time.sleep(min(next_release - lead - now, 0.05))
                 continue
             if not self.paused:
-                self.advance()
-            next_tick += self.tick_period
-            late = time.monotonic() - next_tick
+                self.advance(release_at=next_release)
+            next_release += self.tick_period
+            late = time.monotonic() - (next_release - lead)
             if late >= self.tick_period:
                 # A whole period behind: drop the missed ticks instead of queueing stale frames. Less
-                # than a period late, the next tick runs at once and the schedule catches up.
+                # than a period late, the next step starts at once and the schedule catches up.
                 missed = int(late // self.tick_period)
                 self.dropped_ticks += missed
-                next_tick += missed * self.tick_period
+                next_release += missed * self.tick_period
                 if self.rejection_log.should_log("overrun")[0]:
                     self.get_logger().warning(
                         f"cannot keep {self.target_rate_hz:.1f} Hz: achieved "
