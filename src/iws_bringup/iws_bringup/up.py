@@ -21,7 +21,8 @@ from iws_common.profile import ProfileError, load_profile, normalize_namespace
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="iws up", description=__doc__.split("\n\n")[0])
     parser.add_argument("backend", help=f"one of {sorted(load_backends())}, or ab (reference under /real and "
-                                        "world_model under /sim, driven by the same top-level commands)")
+                                        "world_model under /sim, driven by the same top-level commands), "
+                                        "or policy (`iws up policy --checkpoint CKPT`)")
     parser.add_argument("--robot", default="reference_arm", help="robot profile name or YAML path")
     parser.add_argument("--task", help="reference robot task: push_t, rope or pile")
     parser.add_argument("--mode", choices=("realtime", "lockstep"), help="timing mode")
@@ -38,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["policy"]:  # a client, not a backend: `iws up policy --checkpoint CKPT`
+        from iws_policy.node import main as policy_main
+        return policy_main(argv[1:])
     args = build_parser().parse_args(argv)
     overrides = {"task": args.task, "mode": args.mode, "seed": args.seed, "model": args.model, "threads": args.threads,
                  "allow_hardware_domain": args.allow_hardware_domain, "allow_foreign_nodes": args.allow_foreign_nodes}

@@ -170,3 +170,19 @@ class ReferenceSim:
         u = cam.cx + cam.fy * (p[..., 0] - cx_w) / depth
         v = cam.cy - cam.fy * (p[..., 1] - cy_w) / depth
         return np.stack([u, v], axis=-1)
+
+
+def start_window(sim: ReferenceSim, seed: int, frames: int) -> dict[str, np.ndarray]:
+    """The reference robot's initial state for ``seed`` as a window of ``frames`` observations,
+    the arm holding still: what a world model is reset to so that both backends start alike
+    (matched initial conditions). Images at the camera resolution, oldest first."""
+    sim.reset(seed)
+    hold = sim.joint_positions()
+    images, joints = [], []
+    for k in range(frames):
+        if k:
+            sim.step(hold)
+        images.append(sim.render())
+        joints.append(sim.joint_positions())
+    return {"images": np.stack(images), "joint_positions": np.stack(joints).astype(np.float32),
+            "actions": np.repeat(hold[None].astype(np.float32), frames, 0)}

@@ -1,0 +1,270 @@
+"""`iws evaluate`: a policy's success rate on either backend, through ROS, from matched initial states.
+
+    iws evaluate --policy runs/policy_real --backend reference --episodes 50
+    iws evaluate --policy runs/policy_real --backend world_model --episodes 50 [--model models/push_t]
+    iws evaluate --policy expert --backend world_model --episodes 20 --videos 4
+
+The backend runs in its own process in lockstep on a private ROS domain, exactly as `iws up` starts
+it; this process is the policy's ROS client (camera image and joint states in, position commands
+out) and the referee. Episode k starts from the reference robot's initial state for seed
+``seed + k`` on both backends: the reference robot resets to that seed, the world model to a
+window of frames rendered from it (ResetWorld with images and joint states). Each control step the
+policy acts on the newest frame, its command is acknowledged by the backend, then one StepWorld.
+
+Success comes from the camera image alone (``iws_reference_robot.scoring.PixelScorer``, the same
+function on both backends): an episode succeeds when any of its frames is scored a success (the
+Diffusion Policy push-T convention of maximum coverage). On the reference robot the ground truth
+(TaskState) is reported beside it. The rate has a Wilson 95 % interval. Writes ``OUT/evaluation.json``
+and MP4s of the first ``--videos`` episodes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+
+# The head start a command gets over the StepWorld call that follows it: on one host DDS delivers
+# it in well under a millisecond, and the world model serves commands and services on other threads.
+COMMAND_SETTLE_S = 0.005
+
+
+class EvaluationError(RuntimeError):
+    pass
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+class BackendSession:
+    """A lockstep backend in its own process and this process as its client."""
+
+    def __init__(self, backend: str, robot: str, model: str | None, log_dir: Path):
+        from sensor_msgs.msg import Image, JointState
+        from std_msgs.msg import Float64MultiArray
+
+        from iws_bringup.backends import get_backend, node_parameters, ros_arguments
+        from iws_common import qos
+        from iws_common.client import RosClient
+        from iws_common.processes import NodeProcess, private_domain_id
+        from iws_common.profile import load_profile
+        from iws_interfaces.msg import TaskState
+
+        self.backend = backend
+        self.profile = load_profile(robot)
+        spec = get_backend(backend)
+        overrides = {"mode": "lockstep", "threads": 1}
+        if backend == "world_model" and model:
+            overrides["model"] = str(model)
+        params = node_parameters(spec, robot, overrides)
+        domain = private_domain_id()
+        self.node = NodeProcess([sys.executable, "-m", spec.entry_point.split(":")[0]] + ros_arguments(params),
+                                domain, log_dir / f"{backend}.log")
+        self.client = RosClient(domain, name="iws_evaluate")
+        topics = self.profile.topics
+        self.images = self.client.collect(Image, topics.image, qos.IMAGE_LOSSLESS)
+        self.joints = self.client.collect(JointState, topics.joint_states)
+        self.task_states = self.client.collect(TaskState, topics.task_state)
+        self.command = self.client.publisher(Float64MultiArray, topics.position_command)
+        self._command_type = Float64MultiArray
+        self._step_client = None
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.images:
+            if not self.node.alive():
+                raise EvaluationError(f"{self.backend} exited with {self.node.proc.returncode}:\n{self.node.output()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise EvaluationError(f"no image from {self.backend} within {timeout:.0f} s")
+            time.sleep(0.05)
+        self.client.wait_for_subscribers(self.command)
+
+    def latest(self, stamp_ns: int | None = None, timeout: float = 30.0):
+        """The newest image and the joint state of the same stamp (waiting for ``stamp_ns``)."""
+        from iws_common.image_conversion import image_to_numpy
+        from iws_common.messages import stamp_ns as to_ns
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.images and (stamp_ns is None or to_ns(self.images[-1].header.stamp) >= stamp_ns):
+                image = self.images[-1]
+                stamp = to_ns(image.header.stamp)
+                joints = [j for j in list(self.joints)[-5:] if to_ns(j.header.stamp) == stamp]
+                if joints:
+                    by_name = dict(zip(joints[-1].name, joints[-1].position))
+                    q = np.array([by_name[n] for n in self.profile.joints.names])
+                    del self.images[:-2], self.joints[:-5]
+                    return stamp, image_to_numpy(image), q
+            if not self.node.alive():
+                raise EvaluationError(f"{self.backend} died:\n{self.node.output()[-2000:]}")
+            time.sleep(0.002)
+        raise EvaluationError(f"no frame (stamp {stamp_ns}) from {self.backend} within {timeout:.0f} s")
+
+    def send(self, command: np.ndarray) -> None:
+        self.command.publish(self._command_type(data=[float(v) for v in command]))
+        # Commands and StepWorld travel on different channels: give the command a head start.
+        # (Waiting for the reliable writer's acknowledgement costs Fast DDS's 3 s heartbeat.)
+        time.sleep(COMMAND_SETTLE_S)
+
+    def step(self) -> int:
+        from iws_common.messages import stamp_ns as to_ns
+        from iws_interfaces.srv import StepWorld
+
+        if self._step_client is None:  # one client for the whole evaluation: discovery takes a while
+            self._step_client = self.client.node.create_client(StepWorld, self.profile.services.step)
+            if not self._step_client.wait_for_service(timeout_sec=30):
+                raise EvaluationError(f"{self.profile.services.step} not available")
+        future = self._step_client.call_async(StepWorld.Request(num_steps=1))
+        deadline = time.monotonic() + 30
+        while not future.done():
+            if time.monotonic() > deadline or not self.node.alive():
+                raise EvaluationError(f"StepWorld unanswered:\n{self.node.output()[-2000:]}")
+            time.sleep(0.0005)
+        response = future.result()
+        if not response.success:
+            raise EvaluationError(f"StepWorld refused: {response.message}")
+        return to_ns(response.sim_time)
+
+    def reset(self, seed: int, window: dict | None) -> int:
+        from sensor_msgs.msg import JointState
+
+        from iws_common.image_conversion import numpy_to_image
+        from iws_common.messages import stamp_ns as to_ns
+        from iws_interfaces.srv import ResetWorld
+
+        request = ResetWorld.Request(seed=seed)
+        if window is not None:
+            names = list(self.profile.joints.names)
+            request.images = [numpy_to_image(img, "rgb8") for img in window["images"]]
+            request.joint_states = [JointState(name=names, position=[float(v) for v in q]) for q in window["joint_positions"]]
+        response = self.client.call(ResetWorld, self.profile.services.reset, request)
+        if not response.success:
+            raise EvaluationError(f"ResetWorld refused: {response.message}")
+        return to_ns(response.first_frame_stamp)
+
+    def close(self) -> None:
+        self.client.close()
+        self.node.stop()
+
+
+def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: int = 10_000, robot: str = "reference_arm",
+             model: str | None = None, videos: int = 0, out: Path | None = None, progress: bool = True) -> dict:
+    from tqdm import tqdm
+
+    from iws_data.video import write_mp4
+    from iws_policy.node import make_runner
+    from iws_reference_robot.scoring import PixelScorer
+    from iws_reference_robot.sim import ReferenceSim, start_window
+
+    out = Path(out or tempfile.mkdtemp(prefix="iws_evaluate_"))
+    out.mkdir(parents=True, exist_ok=True)
+    session = BackendSession(backend, robot, model, out)
+    profile = session.profile
+    scorer = PixelScorer(profile)
+    scene = ReferenceSim(profile, task="push_t", seed=seed) if backend == "world_model" else None
+    window_frames = None
+    rows, started = [], time.perf_counter()
+    try:
+        session.wait_ready()
+        if backend == "world_model":
+            from iws_world_model.checkpoint import read_meta
+            window_frames = int(read_meta(model or _default_model())["model"]["window"])
+        for k in tqdm(range(episodes), desc=f"evaluate on {backend}", disable=not progress, dynamic_ncols=True):
+            episode_seed = seed + k
+            runner = make_runner(policy, profile, seed=episode_seed)
+            window = start_window(scene, episode_seed, window_frames) if scene is not None else None
+            stamp = session.reset(episode_seed, window)
+            frames, scores, truth = [], [], []
+            session.task_states.clear()
+            for t in range(steps + 1):
+                stamp, image, joints = session.latest(stamp)
+                frames.append(image) if k < videos else None
+                scores.append(scorer(image).score)
+                if t == steps:
+                    break
+                command = runner.act(image, joints)
+                if command is not None:
+                    session.send(command)
+                stamp = session.step()
+            if backend == "reference":
+                truth = [s.score for s in list(session.task_states)]
+            if hasattr(runner, "close"):
+                runner.close()
+            best = float(max(scores))
+            row = {"episode": k, "seed": episode_seed, "pixel_best_score": best, "pixel_final_score": float(scores[-1]),
+                   "success": best >= scorer.threshold}
+            if truth:
+                row.update(truth_best_score=float(max(truth)), truth_success=bool(max(truth) >= scorer.task_threshold))
+            rows.append(row)
+            if k < videos:
+                write_mp4(frames, out / f"episode_{k:03d}.mp4", fps=profile.control_rate_hz, upscale=3)
+    finally:
+        session.close()
+        if scene is not None:
+            scene.close()
+    successes = sum(r["success"] for r in rows)
+    low, high = wilson_interval(successes, len(rows))
+    result = {"policy": policy, "backend": backend, "model": model if backend == "world_model" else None,
+              "episodes": len(rows), "steps": steps, "seed": seed, "success_rate": successes / max(len(rows), 1),
+              "ci95": [low, high], "seconds": time.perf_counter() - started, "out": str(out), "per_episode": rows}
+    if backend == "reference":
+        result["truth_success_rate"] = sum(r.get("truth_success", False) for r in rows) / max(len(rows), 1)
+        result["scorer_agreement"] = float(np.mean([r["success"] == r.get("truth_success") for r in rows])) if rows else None
+    (out / "evaluation.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def _default_model() -> str:
+    from iws_common.profile import repo_root
+    return str(repo_root() / "models" / "push_t")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="iws evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", required=True, help="policy checkpoint directory, or 'expert'")
+    parser.add_argument("--backend", choices=("reference", "world_model"), required=True)
+    parser.add_argument("--episodes", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=10_000, help="episode k starts from seed + k on either backend")
+    parser.add_argument("--model", help="world model checkpoint (default: the shipped models/push_t)")
+    parser.add_argument("--robot", default="reference_arm")
+    parser.add_argument("--videos", type=int, default=0, help="MP4s of the first N episodes")
+    parser.add_argument("--out", type=Path, help="directory for evaluation.json, videos and logs")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.episodes < 1 or args.steps < 1:
+        parser.error("--episodes and --steps must be positive")
+    from iws_policy.diffusion import PolicyCheckpointError
+    try:
+        result = evaluate(args.policy, args.backend, args.episodes, args.steps, args.seed, args.robot, args.model,
+                          args.videos, args.out, progress=not args.json)
+    except (EvaluationError, PolicyCheckpointError, ValueError) as exc:
+        print(f"iws evaluate: {exc}", file=sys.stderr)
+        return 1
+    summary = {k: v for k, v in result.items() if k != "per_episode"}
+    if not args.json:
+        print(f"{args.policy} on {args.backend}: success {result['success_rate']:.2f} "
+              f"(95% CI {result['ci95'][0]:.2f}-{result['ci95'][1]:.2f}) over {result['episodes']} episodes "
+              f"in {result['seconds']:.0f} s; {result['out']}/evaluation.json")
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

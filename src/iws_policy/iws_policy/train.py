@@ -1,0 +1,193 @@
+"""`iws policy train`: a Diffusion Policy from iws datasets (reference-robot, world-model or real demos).
+
+    iws policy train --data data/demos_real_dataset --out runs/policy_real --steps 2000
+    iws policy train --data A --data B --fraction 0.5 --fraction 0.5 --episodes 100 --out runs/mix
+    iws policy train ... --resume
+
+Samples (obs window, action chunk) pairs from every episode of the train split: frames t-1..t
+(repeating the first frame at an episode start) and commands t..t+15 (repeating the last one at
+its end). With several ``--data``, ``--episodes`` episodes are drawn from them in the given
+``--fraction``s (the data-mix experiments). Checkpoints (safetensors + config.json) every
+``--save-every`` steps and at the end; ``--resume`` continues from ``OUT/train_state.pt``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from iws_policy.diffusion import PolicyConfig, save_policy
+
+STATE_FILE = "train_state.pt"
+
+
+class DemoSet:
+    """Demonstration frames gathered into memory at the policy's image size."""
+
+    def __init__(self, sources: list[tuple[str, int]], config: PolicyConfig, seed: int = 0):
+        import torch
+        import torch.nn.functional as F
+
+        from iws_data.dataset import Dataset
+
+        rng = np.random.default_rng(seed)
+        images, joints, actions, starts, lengths, used = [], [], [], [], [], []
+        offset, joint_names, rate = 0, None, None
+        for path, count in sources:
+            dataset = Dataset(path)
+            if joint_names is None:
+                joint_names, rate = dataset.joint_names, dataset.control_rate_hz
+            elif dataset.joint_names != joint_names:
+                raise ValueError(f"{path}: joints {dataset.joint_names} differ from {joint_names}")
+            episodes = dataset.split("train")
+            if count > len(episodes):
+                raise ValueError(f"{path}: {count} episodes requested, its train split has {len(episodes)}")
+            chosen = sorted(rng.choice(len(episodes), size=count, replace=False)) if count < len(episodes) else range(len(episodes))
+            for i in chosen:
+                e = episodes[i]
+                frames = torch.from_numpy(np.array(dataset.images[e.start:e.stop])).permute(0, 3, 1, 2).float()
+                if frames.shape[-1] != config.image_size:
+                    frames = F.interpolate(frames, size=(config.image_size, config.image_size), mode="area")
+                images.append(frames.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy())
+                joints.append(np.asarray(dataset.joint_positions[e.start:e.stop], np.float32))
+                actions.append(np.asarray(dataset.actions[e.start:e.stop], np.float32))
+                starts.append(offset)
+                lengths.append(e.length)
+                offset += e.length
+            used.append({"data": str(path), "episodes": len(chosen)})
+        if not images:
+            raise ValueError("no training episodes")
+        self.images, self.joints = np.concatenate(images), np.concatenate(joints)
+        self.actions = np.concatenate(actions)
+        self.starts, self.lengths = np.asarray(starts), np.asarray(lengths)
+        self.joint_names, self.control_rate_hz, self.used = joint_names, rate, used
+        # (episode, t) for every frame
+        self.index = np.concatenate([np.stack([np.full(n, k), np.arange(n)], 1) for k, n in enumerate(lengths)])
+
+    def batch(self, rng: np.random.Generator, size: int, config: PolicyConfig):
+        import torch
+
+        picks = self.index[rng.integers(0, len(self.index), size)]
+        obs_offsets = np.arange(-config.obs_horizon + 1, 1)
+        act_offsets = np.arange(config.pred_horizon)
+        start, length = self.starts[picks[:, 0]], self.lengths[picks[:, 0]]
+        obs = start[:, None] + np.clip(picks[:, 1:2] + obs_offsets[None], 0, length[:, None] - 1)
+        act = start[:, None] + np.clip(picks[:, 1:2] + act_offsets[None], 0, length[:, None] - 1)
+        return (torch.from_numpy(self.images[obs]), torch.from_numpy(self.joints[obs]),
+                torch.from_numpy(self.actions[act]))
+
+
+def learning_rate(step: int, steps: int, peak: float, warmup: float = 0.05) -> float:
+    """Linear warm-up, then cosine decay to 0 at ``steps`` (a function of the step, so a resumed
+    run may ask for more steps than the first one did)."""
+    ramp = max(1, int(warmup * steps))
+    if step < ramp:
+        return peak * (step + 1) / ramp
+    return 0.5 * peak * (1 + np.cos(np.pi * min(1.0, (step - ramp) / max(1, steps - ramp))))
+
+
+def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: int = 32, lr: float = 3e-4,
+          seed: int = 0, save_every: int = 500, resume: bool = False, config: PolicyConfig | None = None,
+          progress: bool = True) -> dict:
+    import torch
+    from tqdm import tqdm
+
+    torch.manual_seed(seed)
+    config = config or PolicyConfig()
+    demos = DemoSet(sources, config, seed)
+    config.joints = demos.joints.shape[1]
+    config.joint_names, config.control_rate_hz = list(demos.joint_names), demos.control_rate_hz
+    margin = lambda lo, hi: (lo - 0.02 * (hi - lo + 1e-3), hi + 0.02 * (hi - lo + 1e-3))
+    config.joint_low, config.joint_high = (v.tolist() for v in margin(demos.joints.min(0), demos.joints.max(0)))
+    config.action_low, config.action_high = (v.tolist() for v in margin(demos.actions.min(0), demos.actions.max(0)))
+
+    from iws_policy.diffusion import DiffusionPolicy
+    policy = DiffusionPolicy(config)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=1e-6)
+    rng = np.random.default_rng(seed)
+    step, losses, started = 0, [], time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    state_path = out / STATE_FILE
+    if resume and state_path.is_file():
+        state = torch.load(state_path, weights_only=False)
+        policy.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        rng.bit_generator.state = state["rng"]
+        step, losses = state["step"], state["losses"]
+
+    def checkpoint():
+        extra = {"trained_steps": step, "batch": batch, "lr": lr, "seed": seed, "data": demos.used,
+                 "frames": int(len(demos.index)), "train_seconds": time.perf_counter() - started,
+                 "final_loss": float(np.mean(losses[-50:])) if losses else None}
+        save_policy(policy, out, extra)
+        tmp = out / (STATE_FILE + ".tmp")
+        torch.save({"model": policy.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.bit_generator.state, "step": step, "losses": losses}, tmp)
+        tmp.replace(state_path)
+
+    policy.train()
+    with tqdm(total=steps, initial=step, desc="policy", disable=not progress, dynamic_ncols=True) as bar:
+        while step < steps:
+            images, joints, actions = demos.batch(rng, batch, config)
+            loss = policy.loss(images, joints, actions)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, steps, lr)
+            optimizer.step()
+            losses.append(float(loss))
+            step += 1
+            bar.update(1)
+            if step % 10 == 0:
+                bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+            if step % save_every == 0 or step == steps:
+                checkpoint()
+    return {"out": str(out), "steps": step, "frames": int(len(demos.index)), "data": demos.used,
+            "loss_first_50": float(np.mean(losses[:50])), "loss_last_50": float(np.mean(losses[-50:])),
+            "seconds": time.perf_counter() - started}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="iws policy train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", action="append", required=True, help="dataset directory (repeat to mix)")
+    parser.add_argument("--fraction", action="append", type=float, help="share of --episodes per --data (mixes)")
+    parser.add_argument("--episodes", type=int, help="episodes in all (default: every train episode)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save-every", type=int, default=500)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args(argv)
+    fractions = args.fraction or [1.0 / len(args.data)] * len(args.data)
+    if len(fractions) != len(args.data) or any(f < 0 for f in fractions) or sum(fractions) <= 0:
+        parser.error("give one non-negative --fraction per --data")
+    if args.steps < 1 or args.batch < 1:
+        parser.error("--steps and --batch must be positive")
+    from iws_data.dataset import Dataset, DatasetError
+    try:
+        if args.episodes is None:
+            counts = [len(Dataset(d).split("train")) for d in args.data]
+        else:
+            total = sum(fractions)
+            counts = [round(args.episodes * f / total) for f in fractions]
+        if args.threads:
+            import torch
+            torch.set_num_threads(args.threads)
+        result = train([(d, c) for d, c in zip(args.data, counts) if c > 0], args.out, args.steps, args.batch, args.lr,
+                       args.seed, args.save_every, args.resume)
+    except (DatasetError, ValueError) as exc:
+        print(f"iws policy train: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Policies from the world model: the pixel scorer, Diffusion Policy training and checkpoints,
+synthetic demonstrations collected inside a (tiny, real) world model, and evaluation through ROS
+on both backends from matched initial states."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from sensor_msgs.msg import JointState
+
+from iws_common.profile import load_profile
+from iws_policy.diffusion import (DiffusionPolicy, PolicyCheckpointError, PolicyConfig, PolicyRunner, load_policy,
+                                  save_policy)
+from iws_policy.evaluate import evaluate, wilson_interval
+from iws_reference_robot.scoring import PixelScorer
+from iws_reference_robot.sim import ReferenceSim, start_window
+from iws_reference_robot.tasks import PushT
+from ros_harness import REPO, NodeProcess, backend_args
+
+PROFILE = load_profile("reference_arm")
+
+
+@pytest.fixture(scope="module")
+def sim():
+    s = ReferenceSim(PROFILE, task="push_t", seed=0)
+    yield s
+    s.close()
+
+
+def test_pixel_scorer_follows_the_true_overlap(sim):
+    scorer = PixelScorer(PROFILE)
+    sim.reset(3)
+    goal = PushT.GOAL.copy()
+    errors = []
+    for offset in ([0, 0, 0], [0.004, 0, 0.02], [0.02, -0.01, 0.3], [0.06, 0.0, 1.0], [-0.08, 0.02, -2.0]):
+        sim.task.block.set(sim.data, goal + np.asarray(offset))
+        sim.step(sim.joint_positions())  # settle and render the new pose
+        truth, pixel = sim.task_state(), scorer(sim.render())
+        assert pixel.found
+        errors.append(abs(truth.score - pixel.score))
+        assert pixel.success == truth.success, (offset, truth.score, pixel.score)
+    assert np.mean(errors) < 0.05, errors
+    assert not scorer(np.zeros((96, 96, 3), np.uint8)).found
+
+
+def test_start_window_holds_the_arm_and_is_seeded(sim):
+    a, b = start_window(sim, 42, 4), start_window(sim, 42, 4)
+    assert a["images"].shape == (4, PROFILE.camera.height, PROFILE.camera.width, 3)
+    np.testing.assert_array_equal(a["images"], b["images"])
+    np.testing.assert_allclose(a["joint_positions"][0], a["joint_positions"][-1], atol=1e-3)
+    assert not np.array_equal(start_window(sim, 43, 1)["images"][0], a["images"][0])
+
+
+def test_wilson_interval():
+    low, high = wilson_interval(8, 10)
+    assert 0.44 < low < 0.5 and 0.94 < high < 0.97
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_policy_shapes_save_load_and_corrupt_checkpoints(tmp_path):
+    config = PolicyConfig(joint_names=list(PROFILE.joints.names))
+    policy = DiffusionPolicy(config).eval()
+    images = torch.randint(0, 255, (2, config.obs_horizon, 64, 64, 3), dtype=torch.uint8)
+    joints = torch.zeros(2, config.obs_horizon, 3)
+    chunk = policy.predict(images, joints, generator=torch.Generator().manual_seed(0))
+    assert chunk.shape == (2, config.pred_horizon, 3) and chunk.dtype == torch.float32
+    low, high = torch.tensor(config.action_low), torch.tensor(config.action_high)
+    assert torch.all(chunk >= low - 1e-5) and torch.all(chunk <= high + 1e-5)
+    save_policy(policy, tmp_path / "p")
+    again = load_policy(tmp_path / "p")
+    torch.testing.assert_close(again.predict(images, joints, generator=torch.Generator().manual_seed(0)), chunk)
+    runner = PolicyRunner(again)
+    commands = [runner.act(np.zeros((96, 96, 3), np.uint8), np.zeros(3)) for _ in range(config.action_horizon + 1)]
+    assert all(c.shape == (3,) and np.all(np.isfinite(c)) for c in commands)
+
+    (tmp_path / "p" / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(PolicyCheckpointError, match="corrupt weights"):
+        load_policy(tmp_path / "p")
+    with pytest.raises(PolicyCheckpointError, match="not a policy checkpoint"):
+        load_policy(tmp_path / "missing")
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tiny_world_model, tmp_path_factory):
+    """A Diffusion Policy trained briefly on the tiny world model's dataset; its loss must fall."""
+    out = tmp_path_factory.mktemp("policy") / "policy"
+    dataset = tiny_world_model.parent / "dataset"
+    result = subprocess.run([sys.executable, "-m", "iws_bringup.cli", "policy", "train", "--data", str(dataset),
+                             "--out", str(out), "--steps", "60", "--batch", "8", "--save-every", "30", "--threads", "2"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["loss_last_50"] < summary["loss_first_50"], summary
+    assert (out / "model.safetensors").is_file() and (out / "train_state.pt").is_file()
+    return out
+
+
+def test_policy_training_resumes(tiny_policy, tiny_world_model, tmp_path):
+    import shutil
+    config = json.loads((tiny_policy / "config.json").read_text())
+    assert config["trained_steps"] == 60 and config["policy"]["joint_names"] == list(PROFILE.joints.names)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tiny_policy, resumed)
+    result = subprocess.run([sys.executable, "-m", "iws_bringup.cli", "policy", "train", "--data",
+                             str(tiny_world_model.parent / "dataset"), "--out", str(resumed), "--steps", "70",
+                             "--batch", "8", "--resume", "--threads", "2"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((resumed / "config.json").read_text())["trained_steps"] == 70
+    assert "60/70" in result.stderr, "training did not continue from step 60"
+
+
+def test_synthetic_demos_inside_the_world_model_build_a_dataset(tiny_world_model, tmp_path):
+    bags = tmp_path / "demos_wm"
+    run = lambda: subprocess.run([sys.executable, "-m", "iws_bringup.cli", "collect", "--backend", "world_model",
+                                  "--model", str(tiny_world_model), "--episodes", "2", "--steps", "6",
+                                  "--out", str(bags), "--no-progress"], capture_output=True, text=True, timeout=300)
+    first = run()
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert sorted(p.name for p in bags.iterdir()) == ["episode_000000", "episode_000001"]
+    assert "all 2" in run().stdout or run().returncode == 0  # a rerun resumes (nothing to do)
+    from iws_data.builder import build_dataset
+    from iws_data.dataset import Dataset
+    dataset, _ = build_dataset([bags], tmp_path / "dataset", size=64, val_fraction=0.0, progress=False)
+    ds = Dataset(dataset)
+    assert len(ds.episodes) == 2 and all(e.length == 7 for e in ds.episodes)
+    assert np.all(np.isfinite(ds.actions[:])) and ds.images.shape[1:] == (64, 64, 3)
+
+
+@pytest.mark.parametrize("backend", ["reference", "world_model"])
+def test_evaluate_through_ros_from_matched_starts(backend, tiny_policy, tiny_world_model, tmp_path):
+    result = evaluate(str(tiny_policy), backend, episodes=2, steps=8, seed=77, model=str(tiny_world_model),
+                      videos=1, out=tmp_path, progress=False)
+    assert result["episodes"] == 2 and 0.0 <= result["success_rate"] <= 1.0
+    assert result["ci95"][0] <= result["success_rate"] <= result["ci95"][1]
+    assert [r["seed"] for r in result["per_episode"]] == [77, 78]
+    assert all(math.isfinite(r["pixel_best_score"]) for r in result["per_episode"])
+    assert (tmp_path / "episode_000.mp4").stat().st_size > 0
+    assert json.loads((tmp_path / "evaluation.json").read_text())["backend"] == backend
+    if backend == "reference":
+        assert result["scorer_agreement"] is not None
+
+
+def test_policy_node_drives_a_backend_it_does_not_know(tiny_policy, domain_id, start_backend, ros_client, tmp_path):
+    start_backend("reference", mode="realtime")
+    joints = ros_client.collect(JointState, PROFILE.topics.joint_states)
+    policy = NodeProcess([sys.executable, "-m", "iws_bringup.cli", "up", "policy", "--checkpoint", str(tiny_policy)],
+                         domain_id, tmp_path / "policy.log")
+    try:
+        ros_client.wait_for(joints, 1, timeout=120)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "policy up" not in policy.output():
+            assert policy.alive(), policy.output()[-2000:]
+            time.sleep(0.2)
+        start = np.asarray(joints[-1].position)
+        time.sleep(4.0)
+        moved = np.abs(np.asarray(joints[-1].position) - start).max()
+        assert moved > 1e-3, f"the arm did not move under the policy:\n{policy.output()[-2000:]}"
+    finally:
+        assert policy.stop() in (0, -2), policy.output()[-2000:]
