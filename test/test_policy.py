@@ -163,3 +163,26 @@ def test_policy_node_drives_a_backend_it_does_not_know(tiny_policy, domain_id, s
         assert moved > 1e-3, f"the arm did not move under the policy:\n{policy.output()[-2000:]}"
     finally:
         assert policy.stop() in (0, -2), policy.output()[-2000:]
+
+
+def test_experiment_reports_from_cached_evaluations(tmp_path):
+    """The reports' statistics and plots, from evaluations already on disk (as a rerun resumes)."""
+    from iws_policy.experiments import correlation, datamix, mmrv, pearson
+
+    assert mmrv([0.1, 0.5, 0.9], [0.2, 0.4, 0.8]) == 0.0 and mmrv([0.9, 0.5, 0.1], [0.2, 0.4, 0.8]) > 0.5
+    assert pearson([0, 1, 2], [0, 2, 4]) == pytest.approx(1.0) and math.isnan(pearson([1, 1], [0, 1]))
+    rates = {"a": (0.8, 0.7), "b": (0.4, 0.5), "c": (0.1, 0.0)}
+    for name, (real, sim) in rates.items():
+        for backend, rate in (("reference", real), ("world_model", sim)):
+            d = tmp_path / "corr" / f"{backend}_{name}"
+            d.mkdir(parents=True)
+            (d / "evaluation.json").write_text(json.dumps({"episodes": 4, "steps": 9, "seed": 1, "success_rate": rate,
+                                                           "ci95": [0, 1], "seconds": 1.0, "truth_success_rate": rate}))
+    result = correlation({n: f"/ckpt/{n}" for n in rates}, tmp_path / "corr", 4, 9, 1, None)
+    assert result["pearson_r"] > 0.9 and result["mmrv"] == 0.0 and result["bar_met"]
+    assert (tmp_path / "corr" / "correlation.png").stat().st_size > 0 and "Pearson r" in (tmp_path / "corr" / "README.md").read_text()
+    import shutil
+    shutil.copytree(tmp_path / "corr", tmp_path / "mix")
+    mix = datamix({"a": "/ckpt/a", "c": "/ckpt/c"}, {"a": 0.0, "c": 1.0}, tmp_path / "mix", 4, 9, 1)
+    assert mix["wm_over_real"] == pytest.approx(0.1 / 0.8) and not mix["bar_met"]
+    assert (tmp_path / "mix" / "datamix.png").is_file()

@@ -20,6 +20,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("record",): ("iws_data.recorder:main", "record a robot profile's topics to rosbag2 (MCAP)"),
     ("collect",): ("iws_policy.synthetic:collect_main", "collect play data / demonstrations as rosbag2 episodes (--backend reference | world_model)"),
     ("evaluate",): ("iws_policy.evaluate:main", "a policy's success rate on the reference robot or the world model, through ROS"),
+    ("experiment",): ("iws_policy.experiments:main", "policy experiments: datamix (real vs world-model demos), correlation (sim vs real success)"),
     ("policy", "train"): ("iws_policy.train:main", "train a Diffusion Policy on datasets (real, world-model or mixed demos)"),
     ("bag", "repair"): ("iws_data.repair:main", "recover a killed or truncated recording into a valid rosbag2 bag"),
     ("bench", "collect"): ("iws_data.bench:collect_main", "frames/s of lockstep data collection"),

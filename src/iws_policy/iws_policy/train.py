@@ -8,7 +8,8 @@ Samples (obs window, action chunk) pairs from every episode of the train split: 
 (repeating the first frame at an episode start) and commands t..t+15 (repeating the last one at
 its end). With several ``--data``, ``--episodes`` episodes are drawn from them in the given
 ``--fraction``s (the data-mix experiments). Checkpoints (safetensors + config.json) every
-``--save-every`` steps and at the end; ``--resume`` continues from ``OUT/train_state.pt``.
+``--save-every`` steps and at the end (``--snapshot-every`` keeps copies in ``OUT/step_NNNNNN``);
+``--resume`` continues from ``OUT/train_state.pt``.
 """
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def learning_rate(step: int, steps: int, peak: float, warmup: float = 0.05) -> f
 
 def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: int = 32, lr: float = 3e-4,
           seed: int = 0, save_every: int = 500, resume: bool = False, config: PolicyConfig | None = None,
-          progress: bool = True) -> dict:
+          progress: bool = True, snapshot_every: int = 0) -> dict:
     import torch
     from tqdm import tqdm
 
@@ -146,6 +147,8 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
                 bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
             if step % save_every == 0 or step == steps:
                 checkpoint()
+            if snapshot_every and step % snapshot_every == 0:
+                save_policy(policy, out / f"step_{step:06d}", {"trained_steps": step, "data": demos.used, "seed": seed})
     return {"out": str(out), "steps": step, "frames": int(len(demos.index)), "data": demos.used,
             "loss_first_50": float(np.mean(losses[:50])), "loss_last_50": float(np.mean(losses[-50:])),
             "seconds": time.perf_counter() - started}
@@ -162,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save-every", type=int, default=500)
+    parser.add_argument("--snapshot-every", type=int, default=0,
+                        help="also keep the policy every N steps in OUT/step_NNNNNN (policies at training stages)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             import torch
             torch.set_num_threads(args.threads)
         result = train([(d, c) for d, c in zip(args.data, counts) if c > 0], args.out, args.steps, args.batch, args.lr,
-                       args.seed, args.save_every, args.resume)
+                       args.seed, args.save_every, args.resume, snapshot_every=args.snapshot_every)
     except (DatasetError, ValueError) as exc:
         print(f"iws policy train: error: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,198 @@
+"""The paper's two policy experiments, each a command whose output is a report with a plot.
+
+    iws experiment datamix --policy real=runs/policy_real100 --policy wm=runs/policy_wm100 \\
+        --policy mix50=runs/policy_mix50 --wm-fraction real=0 --wm-fraction wm=1 --wm-fraction mix50=0.5 \\
+        --episodes 50 --out docs/results/datamix
+    iws experiment correlation --policy NAME=CKPT ... --episodes 10 --out docs/results/correlation
+
+``datamix`` (experiment a): Diffusion Policies trained on real (reference-robot) demos, world-model
+demos and mixes, each evaluated on the reference robot; reports success rates with 95 % intervals
+and the ratio world-model-only / real-only against the 0.9 bar.
+
+``correlation`` (experiment b): every policy evaluated on both backends from the same initial
+states (matched seeds); Pearson r and MMRV (mean maximum rank violation) between the success rates,
+and a scatter plot.
+
+Every evaluation is `iws evaluate` (``iws_policy.evaluate.evaluate``) into ``OUT/<backend>_<name>/``;
+one already there with the same episodes, steps and seed is reused, so a rerun resumes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def parse_named(items: list[str], what: str) -> dict[str, str]:
+    named = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise ValueError(f"{what} must be NAME=VALUE, got '{item}'")
+        named[name] = value
+    return named
+
+
+def evaluation(policy: str, backend: str, out: Path, episodes: int, steps: int, seed: int, model: str | None) -> dict:
+    """`iws evaluate` into ``out``, or its earlier result when it matches."""
+    from iws_policy.evaluate import evaluate
+
+    cached = out / "evaluation.json"
+    if cached.is_file():
+        result = json.loads(cached.read_text())
+        if (result.get("episodes"), result.get("steps"), result.get("seed")) == (episodes, steps, seed):
+            return result
+    return evaluate(policy, backend, episodes, steps, seed, model=model, videos=2, out=out, progress=True)
+
+
+def pearson(x, y) -> float:
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 2 or x.std() == 0 or y.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def mmrv(sim, real) -> float:
+    """Mean maximum rank violation (Li et al., SIMPLER 2024): for each policy, the largest real
+    success gap to another policy that the simulator orders the other way; averaged. 0 is perfect."""
+    sim, real = np.asarray(sim, float), np.asarray(real, float)
+    n = len(sim)
+    worst = [max([abs(real[i] - real[j]) for j in range(n) if (sim[i] < sim[j]) != (real[i] < real[j])] or [0.0])
+             for i in range(n)]
+    return float(np.mean(worst)) if n else float("nan")
+
+
+def _plot(path: Path, draw) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 4), dpi=120)
+    draw(ax)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _train_info(checkpoint: str) -> dict:
+    config = Path(checkpoint) / "config.json"
+    if not config.is_file():
+        return {}
+    data = json.loads(config.read_text())
+    return {k: data.get(k) for k in ("trained_steps", "train_seconds", "data", "batch")}
+
+
+def datamix(policies: dict[str, str], wm_fraction: dict[str, float], out: Path, episodes: int, steps: int,
+            seed: int) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, checkpoint in policies.items():
+        r = evaluation(checkpoint, "reference", out / f"reference_{name}", episodes, steps, seed, None)
+        rows.append({"name": name, "checkpoint": checkpoint, "wm_fraction": wm_fraction.get(name),
+                     "success_rate": r["success_rate"], "ci95": r["ci95"], "truth_success_rate": r.get("truth_success_rate"),
+                     "episodes": r["episodes"], "eval_seconds": r["seconds"], "training": _train_info(checkpoint)})
+    by_fraction = {row["wm_fraction"]: row for row in rows}
+    real, wm = by_fraction.get(0.0), by_fraction.get(1.0)
+    ratio = wm["success_rate"] / real["success_rate"] if real and wm and real["success_rate"] > 0 else None
+    result = {"experiment": "datamix", "episodes": episodes, "steps": steps, "seed": seed, "policies": rows,
+              "wm_over_real": ratio, "bar": 0.9, "bar_met": ratio is not None and ratio >= 0.9}
+    ordered = sorted((r for r in rows if r["wm_fraction"] is not None), key=lambda r: r["wm_fraction"])
+
+    def draw(ax):
+        x = [r["wm_fraction"] for r in ordered]
+        y = [r["success_rate"] for r in ordered]
+        err = [[r["success_rate"] - r["ci95"][0] for r in ordered], [r["ci95"][1] - r["success_rate"] for r in ordered]]
+        ax.errorbar(x, y, yerr=err, fmt="o-", capsize=4)
+        ax.set_xlabel("share of world-model demos")
+        ax.set_ylabel(f"success on the reference robot ({episodes} episodes)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title("Diffusion Policy: real vs world-model demos")
+    _plot(out / "datamix.png", draw)
+    (out / "datamix.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = ["# Experiment a: Diffusion Policy on real vs world-model demonstrations", "",
+             f"Each policy evaluated on the reference robot, {episodes} episodes of {steps} steps from seeds "
+             f"{seed}..{seed + episodes - 1}; success from the pixel scorer (any frame at 0.92).", "",
+             "| policy | world-model share | success | 95 % CI | ground truth | training steps | training s | eval s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        t = r["training"]
+        lines.append(f"| {r['name']} | {r['wm_fraction']} | {r['success_rate']:.2f} | {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f} | "
+                     f"{r['truth_success_rate']:.2f} | {t.get('trained_steps')} | {round(t.get('train_seconds') or 0)} | "
+                     f"{r['eval_seconds']:.0f} |")
+    lines += ["", f"World-model-only / real-only success: {ratio if ratio is None else round(ratio, 3)} (bar 0.9: "
+              f"{'met' if result['bar_met'] else 'not met'}).", "", "![datamix](datamix.png)", ""]
+    (out / "README.md").write_text("\n".join(lines))
+    return result
+
+
+def correlation(policies: dict[str, str], out: Path, episodes: int, steps: int, seed: int, model: str | None) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, checkpoint in policies.items():
+        real = evaluation(checkpoint, "reference", out / f"reference_{name}", episodes, steps, seed, None)
+        sim = evaluation(checkpoint, "world_model", out / f"world_model_{name}", episodes, steps, seed, model)
+        rows.append({"name": name, "checkpoint": checkpoint, "reference": real["success_rate"],
+                     "world_model": sim["success_rate"], "reference_ci95": real["ci95"], "world_model_ci95": sim["ci95"],
+                     "eval_seconds": real["seconds"] + sim["seconds"], "training": _train_info(checkpoint)})
+    x, y = [r["world_model"] for r in rows], [r["reference"] for r in rows]
+    result = {"experiment": "correlation", "episodes": episodes, "steps": steps, "seed": seed, "model": model,
+              "policies": rows, "pearson_r": pearson(x, y), "mmrv": mmrv(x, y), "bar_pearson": 0.9}
+    result["bar_met"] = bool(np.isfinite(result["pearson_r"]) and result["pearson_r"] >= 0.9)
+
+    def draw(ax):
+        ax.scatter(x, y)
+        for r in rows:
+            ax.annotate(r["name"], (r["world_model"], r["reference"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.plot([0, 1], [0, 1], "k:", linewidth=0.8)
+        ax.set_xlim(-0.02, 1.02)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("success in the world model")
+        ax.set_ylabel("success on the reference robot")
+        r = result["pearson_r"]
+        ax.set_title(f"{len(rows)} policies, Pearson r = {r:.2f}" if math.isfinite(r) else f"{len(rows)} policies")
+    _plot(out / "correlation.png", draw)
+    (out / "correlation.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = ["# Experiment b: success in the world model against success on the reference robot", "",
+             f"Each policy on both backends from the same initial states (seeds {seed}..{seed + episodes - 1}), "
+             f"{episodes} episodes of {steps} steps each; world model: {model or 'models/push_t'}.", "",
+             "| policy | world model | reference robot | eval s (both) |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r['name']} | {r['world_model']:.2f} | {r['reference']:.2f} | {r['eval_seconds']:.0f} |" for r in rows]
+    lines += ["", f"Pearson r = {result['pearson_r']:.3f}, MMRV = {result['mmrv']:.3f} (bar: r >= 0.9: "
+              f"{'met' if result['bar_met'] else 'not met'}).", "", "![correlation](correlation.png)", ""]
+    (out / "README.md").write_text("\n".join(lines))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="iws experiment", description=__doc__.split("\n\n")[0])
+    parser.add_argument("which", choices=("datamix", "correlation"))
+    parser.add_argument("--policy", action="append", required=True, help="NAME=CHECKPOINT (repeat)")
+    parser.add_argument("--wm-fraction", action="append", default=[], help="datamix: NAME=share of world-model demos")
+    parser.add_argument("--episodes", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=20_000)
+    parser.add_argument("--model", help="correlation: world model checkpoint (default: the shipped models/push_t)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    try:
+        policies = parse_named(args.policy, "--policy")
+        started = time.perf_counter()
+        if args.which == "datamix":
+            fractions = {k: float(v) for k, v in parse_named(args.wm_fraction, "--wm-fraction").items()}
+            result = datamix(policies, fractions, args.out, args.episodes, args.steps, args.seed)
+        else:
+            result = correlation(policies, args.out, args.episodes, args.steps, args.seed, args.model)
+    except ValueError as exc:
+        print(f"iws experiment: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: v for k, v in result.items() if k != "policies"} | {"seconds": time.perf_counter() - started}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
