@@ -230,6 +230,15 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
     return result
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so the backend node this process started is stopped too."""
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
 def _default_model() -> str:
     from iws_common.profile import repo_root
     return str(repo_root() / "models" / "push_t")
@@ -251,12 +260,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.episodes < 1 or args.steps < 1:
         parser.error("--episodes and --steps must be positive")
     from iws_policy.diffusion import PolicyCheckpointError
+    stop_on_sigterm()
     try:
         result = evaluate(args.policy, args.backend, args.episodes, args.steps, args.seed, args.robot, args.model,
                           args.videos, args.out, progress=not args.json)
     except (EvaluationError, PolicyCheckpointError, ValueError) as exc:
         print(f"iws evaluate: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("iws evaluate: interrupted", file=sys.stderr)
+        return 130
     summary = {k: v for k, v in result.items() if k != "per_episode"}
     if not args.json:
         print(f"{args.policy} on {args.backend}: success {result['success_rate']:.2f} "
