@@ -9,7 +9,6 @@ directly or after repair.
 from __future__ import annotations
 
 import json
-import random
 import re
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from test_data_recorder import PUBLISHER, kill_group, ros_env, start, wait_for_l
 
 from iws_data.bags import FLUSH_INTERVAL_S, BagReader
 from iws_data.repair import repair_bag
+from ros_harness import next_domain_id
 
 IWS = [sys.executable, "-m", "iws_bringup.cli"]
 
@@ -29,7 +29,7 @@ IWS = [sys.executable, "-m", "iws_bringup.cli"]
 def record_publisher(tmp_path: Path, recorder_prefix: list[str], seconds: float, bag_parent: Path | None = None):
     """Start a recorder and the publisher, publish for ``seconds``, stop the publisher; returns
     (recorder process, its log, messages sent per topic, bag path) with the recorder still running."""
-    env = ros_env(random.randint(100, 200))
+    env = ros_env(next_domain_id())
     bag = (bag_parent or tmp_path) / "bag"
     recorder_log, publisher_log = tmp_path / "recorder.log", tmp_path / "publisher.log"
     recorder = start(recorder_prefix + ["record", "--robot", "reference_arm", "--out", str(bag)], env, recorder_log)

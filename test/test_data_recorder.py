@@ -1,14 +1,13 @@
 """`iws record` against live publishers in other processes: nothing received before a signal is lost.
 
 Each test runs the publisher and the recorder as subprocesses with hard timeouts on a private
-ROS_DOMAIN_ID (100-200), stops the publisher first (it prints how many messages it sent), waits,
+ROS_DOMAIN_ID (the suite's 10..89, ros_harness.next_domain_id), stops the publisher first (it prints how many messages it sent), waits,
 then signals the recorder and requires the bag to hold exactly what was sent.
 """
 from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import pytest
 from iws_common.processes import ros_env  # noqa: F401  (also used by test_data_faults)
 from iws_common.profile import load_profile
 from iws_data.bags import BagReader
+from ros_harness import next_domain_id
 
 PUBLISHER = textwrap.dedent('''
     """Publishes a profile's image, joint states, commands and episode events at ~20 Hz until SIGINT,
@@ -112,7 +112,7 @@ def kill_group(process: subprocess.Popen) -> None:
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
 def test_recorder_signal_mid_episode_keeps_every_message(tmp_path, stop_signal):
-    domain_id = random.randint(100, 200)
+    domain_id = next_domain_id()
     env = ros_env(domain_id)
     bag = tmp_path / "bag"
     recorder_log, publisher_log = tmp_path / "recorder.log", tmp_path / "publisher.log"
