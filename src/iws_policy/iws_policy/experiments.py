@@ -74,6 +74,17 @@ def mmrv(sim, real) -> float:
     return float(np.mean(worst)) if n else float("nan")
 
 
+def _json(value):
+    """NaN (a correlation of constant rates) as null, so the files are strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json(v) for v in value]
+    return value
+
+
 def _plot(path: Path, draw) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -121,7 +132,7 @@ def datamix(policies: dict[str, str], wm_fraction: dict[str, float], out: Path, 
         ax.set_ylim(-0.02, 1.02)
         ax.set_title("Diffusion Policy: real vs world-model demos")
     _plot(out / "datamix.png", draw)
-    (out / "datamix.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "datamix.json").write_text(json.dumps(_json(result), indent=1) + "\n")
     lines = ["# Experiment a: Diffusion Policy on real vs world-model demonstrations", "",
              f"Each policy evaluated on the reference robot, {episodes} episodes of {steps} steps from seeds "
              f"{seed}..{seed + episodes - 1}; success from the pixel scorer (any frame at 0.92).", "",
@@ -177,7 +188,7 @@ def _correlation_report(rows, planned, out, episodes, steps, seed, model) -> dic
         ax.set_title(f"{len(rows)} policies: r = {result['pearson_r']:.2f} (success), "
                      f"{result['pearson_r_coverage']:.2f} (coverage)", fontsize=9)
     _plot(out / "correlation.png", draw)
-    (out / "correlation.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "correlation.json").write_text(json.dumps(_json(result), indent=1) + "\n")
     lines = ["# Experiment b: success in the world model against success on the reference robot", "",
              f"Each policy on both backends from the same initial states (seeds {seed}..{seed + episodes - 1}), "
              f"{episodes} episodes of {steps} steps each; world model: {model or 'models/push_t'}. "
@@ -221,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("iws experiment: interrupted; rerun to resume", file=sys.stderr)
         return 130
-    print(json.dumps({k: v for k, v in result.items() if k != "policies"} | {"seconds": time.perf_counter() - started}))
+    print(json.dumps(_json({k: v for k, v in result.items() if k != "policies"} | {"seconds": time.perf_counter() - started})))
     return 0
 
 
