@@ -185,8 +185,9 @@ def _correlation_report(rows, planned, out, episodes, steps, seed, model) -> dic
         ax.set_xlabel("in the world model")
         ax.set_ylabel("on the reference robot")
         ax.legend(fontsize=7, loc="upper left")
-        ax.set_title(f"{len(rows)} policies: r = {result['pearson_r']:.2f} (success), "
-                     f"{result['pearson_r_coverage']:.2f} (coverage)", fontsize=9)
+        r = lambda v: f"{v:.2f}" if math.isfinite(v) else "undefined (constant)"
+        ax.set_title(f"{len(rows)} policies: r = {r(result['pearson_r'])} (success), "
+                     f"{r(result['pearson_r_coverage'])} (coverage)", fontsize=9)
     _plot(out / "correlation.png", draw)
     (out / "correlation.json").write_text(json.dumps(_json(result), indent=1) + "\n")
     lines = ["# Experiment b: success in the world model against success on the reference robot", "",
@@ -197,7 +198,8 @@ def _correlation_report(rows, planned, out, episodes, steps, seed, model) -> dic
              "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['name']} | {r['world_model']:.2f} | {r['reference']:.2f} | {r['world_model_coverage']:.3f} | "
               f"{r['reference_coverage']:.3f} | {r['eval_seconds']:.0f} |" for r in rows]
-    lines += ["", f"Success rates: Pearson r = {result['pearson_r']:.3f}, MMRV = {result['mmrv']:.3f} "
+    r_text = f"{result['pearson_r']:.3f}" if math.isfinite(result["pearson_r"]) else "undefined (every success rate is the same)"
+    lines += ["", f"Success rates: Pearson r = {r_text}, MMRV = {result['mmrv']:.3f} "
               f"(bar: r >= 0.9 over at least 8 policies: {'met' if result['bar_met'] else 'not met'}). "
               f"Mean best coverage: Pearson r = {result['pearson_r_coverage']:.3f}, MMRV = {result['mmrv_coverage']:.3f}.",
               "", "![correlation](correlation.png)", ""]
