@@ -139,6 +139,8 @@ def test_baseline_over_the_same_autoencoder(tmp_path, dataset_dir, run_dir):
             assert torch.equal(a, b), f"the baseline's {name} must be the source's"
     dynamics = zip(baseline.dynamics.state_dict().values(), source.dynamics.state_dict().values())
     assert not all(torch.equal(a, b) for a, b in dynamics), "the baseline's dynamics is trained afresh"
+    completed = json.loads((out / checkpoint.CONFIG).read_text())["training"]["completed"]
+    assert sorted(completed) == [1, 2, 3]  # the source decoder's stage-3 fine-tune is part of what it took
     assert train.main(["--config", str(cfg), "--data", str(dataset_dir), "--out", str(tmp_path / "x"),
                        "--init-autoencoder", str(run_dir)]) == 2  # stage 1 would overwrite the autoencoder
 
@@ -265,6 +267,16 @@ def test_streaming_cache_equals_full_recompute():
             parts.append(net.dynamics(lat[:, i:i + 1], t[:, i:i + 1], t[:, i:i + 1], a[:, i:i + 1], cache, commit=1))
         assert cache[0]["k"].shape[2] == k  # the cache slides: never more than the window
     torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # training's shortcut: the newest frame alone, computed with the same history
+        torch.testing.assert_close(net.dynamics(lat, t, t, a, last_only=True)[:, -1], full[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_learning_rate_warms_up_then_decays_to_the_final_fraction():
+    factor = train.lr_factor(warmup=10, steps=110, final=0.1)
+    assert factor(0) == pytest.approx(0.1) and factor(9) == pytest.approx(1.0)
+    assert factor(60) == pytest.approx(0.55) and factor(109) == pytest.approx(0.1, abs=1e-3)
+    assert factor(500) == pytest.approx(0.1)  # past the end (a resumed run with more steps) it stays final
+    assert all(train.lr_factor(10, 110, 1.0)(i) == 1.0 for i in range(9, 200))  # final 1: the old constant rate
 
 
 def test_streaming_world_matches_window_recompute_on_first_step(run_dir, dataset_dir):

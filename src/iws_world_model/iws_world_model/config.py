@@ -80,6 +80,7 @@ class StageConfig:
     lr: float = 2e-4
     batch_size: int = 16
     warmup: int = 100
+    final_lr_fraction: float = 1.0  # after warmup, cosine decay to lr * this (1.0 keeps lr constant)
 
 
 @dataclasses.dataclass
@@ -106,6 +107,8 @@ class TrainConfig:
                     raise ConfigError(f"{where}.{name}.{key}: bad value {getattr(stage, key)!r}")
             if not stage.lr > 0:
                 raise ConfigError(f"{where}.{name}.lr: must be positive, got {stage.lr!r}")
+            if not 0 < stage.final_lr_fraction <= 1:
+                raise ConfigError(f"{where}.{name}.final_lr_fraction: must lie in (0, 1], got {stage.final_lr_fraction!r}")
         if not 0 <= self.terminal_fraction <= 1:
             raise ConfigError(f"{where}.terminal_fraction: must lie in [0, 1], got {self.terminal_fraction!r}")
         if self.checkpoint_every < 1 or self.log_every < 1:

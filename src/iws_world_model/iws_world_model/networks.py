@@ -236,7 +236,9 @@ class Dynamics(nn.Module):
         return [{} for _ in self.attention]
 
     def forward(self, latents: torch.Tensor, t: torch.Tensor, s: torch.Tensor, actions: torch.Tensor,
-                cache: list[dict] | None = None, commit: int = 0) -> torch.Tensor:
+                cache: list[dict] | None = None, commit: int = 0, last_only: bool = False) -> torch.Tensor:
+        """``last_only`` returns the newest frame only (b, 1, ...): training supervises just that
+        frame, and the layers after the last temporal attention need not run on the others."""
         b, f = latents.shape[:2]
         emb = torch.cat([self.noise_embedding(t.flatten(), s.flatten()), self.action_embedding(actions.flatten(0, 1))], -1)
         emb = F.silu(emb)
@@ -244,6 +246,8 @@ class Dynamics(nn.Module):
         h = first
         for i, (block, attention) in enumerate(zip(self.blocks, self.attention)):
             h = attention(block(h, emb), f, None if cache is None else cache[i], commit)
+        if last_only:
+            h, first, f = h.reshape(b, f, *h.shape[1:])[:, -1], first.reshape(b, f, *first.shape[1:])[:, -1], 1
         if self.spatial is not None:
             h = self.spatial(h)
         h = self.out(F.silu(self.out_norm(torch.cat([h, first], 1))))

@@ -86,7 +86,7 @@ class StageObjective(nn.Module):
             t = torch.zeros((b, f), dtype=torch.long, device=image.device)
             t[:, -1] = top
             s = torch.zeros_like(t)
-        v = self.network.dynamics(torch.cat([history, x_t[:, None]], 1), t, s, actions)[:, -1]
+        v = self.network.dynamics(torch.cat([history, x_t[:, None]], 1), t, s, actions, last_only=True)[:, -1]
         prediction = v if cfg.dynamics_objective == "mse" else self.schedule.x0_from_v(x_t, t[:, -1], v)
         dynamics = F.mse_loss(prediction, target)
         joints = (batch["joints"].float() - self.joint_mean) / self.joint_std

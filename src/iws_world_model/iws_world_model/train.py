@@ -55,6 +55,18 @@ class WindowData(torch.utils.data.Dataset):
                 "joints": torch.from_numpy(np.array(d.joint_positions[frames]))}
 
 
+def lr_factor(warmup: int, steps: int, final: float):
+    """Linear warmup, then cosine from 1 to ``final`` at the stage's last step (final = 1: constant)."""
+    warmup = max(warmup, 1)
+
+    def factor(i: int) -> float:
+        if i < warmup:
+            return (i + 1) / warmup
+        progress = min(1.0, (i - warmup) / max(steps - warmup, 1))
+        return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
+
+
 def normalization_from(dataset: Dataset) -> dict:
     """Action range (for [-1, 1]) and joint mean/std over the training episodes."""
     frames = np.concatenate([np.arange(e.start, e.stop) for e in dataset.split("train")])
@@ -123,8 +135,10 @@ class Trainer:
             except RuntimeError as exc:
                 raise checkpoint.CheckpointError(f"{directory}: its {name} does not fit the --config model: {exc}") from exc
         self.normalization = meta["normalization"]
-        self.completed = [1]
-        self.stats = {"1": {**meta.get("training", {}).get("stages", {}).get("1", {}), "from": str(directory)}}
+        training = meta.get("training", {})
+        # The decoder's stage-3 fine-tune (if it had one) comes along with it.
+        self.completed = [s for s in (1, 3) if s == 1 or s in training.get("completed", [])]
+        self.stats = {str(s): {**training.get("stages", {}).get(str(s), {}), "from": str(directory)} for s in self.completed}
 
     def save(self, stage: int, step: int, optimizer, scheduler) -> None:
         if self.rank != 0:
@@ -146,8 +160,7 @@ class Trainer:
         objective = StageObjective(self.network, stage, self.train_cfg, self.normalization).to(self.device)
         optimizer = torch.optim.AdamW(objective.trainable_parameters(), lr=scfg.lr,
                                       weight_decay=self.train_cfg.weight_decay)
-        warmup = max(scfg.warmup, 1)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(scfg.warmup, steps, scfg.final_lr_fraction))
         start = 0
         if resume_state is not None and resume_state["stage"] == stage:
             optimizer.load_state_dict(resume_state["optimizer"])
