@@ -143,7 +143,7 @@ def datamix(policies: dict[str, str], wm_fraction: dict[str, float], out: Path, 
         lines.append(f"| {r['name']} | {r['wm_fraction']} | {r['success_rate']:.2f} | {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f} | "
                      f"{r['truth_success_rate']:.2f} | {r['mean_best_coverage']:.3f} | {t.get('trained_steps')} | {round(t.get('train_seconds') or 0)} | "
                      f"{r['eval_seconds']:.0f} |")
-    lines += ["", f"World-model-only / real-only success: {ratio if ratio is None else round(ratio, 3)} (bar 0.9: "
+    lines += ["", f"World-model-only / real-only success: {'undefined (the real-only policy never succeeded)' if ratio is None else round(ratio, 3)} (bar 0.9: "
               f"{'met' if result['bar_met'] else 'not met'}).", "", "![datamix](datamix.png)", ""]
     (out / "README.md").write_text("\n".join(lines))
     return result
