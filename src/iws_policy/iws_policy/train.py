@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from iws_policy.diffusion import PolicyConfig, save_policy
+from iws_world_model.train import lr_factor
 
 STATE_FILE = "train_state.pt"
 
@@ -83,12 +84,9 @@ class DemoSet:
 
 
 def learning_rate(step: int, steps: int, peak: float, warmup: float = 0.05) -> float:
-    """Linear warm-up, then cosine decay to 0 at ``steps`` (a function of the step, so a resumed
-    run may ask for more steps than the first one did)."""
-    ramp = max(1, int(warmup * steps))
-    if step < ramp:
-        return peak * (step + 1) / ramp
-    return 0.5 * peak * (1 + np.cos(np.pi * min(1.0, (step - ramp) / max(1, steps - ramp))))
+    """Linear warm-up over the first ``warmup`` share of the steps, then cosine decay to 0 at ``steps``
+    (a function of the step, so a resumed run may ask for more steps than the first one did)."""
+    return peak * lr_factor(int(warmup * steps), steps, 0.0)(step)
 
 
 def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: int = 32, lr: float = 3e-4,

@@ -137,7 +137,7 @@ class Trainer:
         self.normalization = meta["normalization"]
         training = meta.get("training", {})
         # The decoder's stage-3 fine-tune (if it had one) comes along with it.
-        self.completed = [s for s in (1, 3) if s == 1 or s in training.get("completed", [])]
+        self.completed = [1] + ([3] if 3 in training.get("completed", []) else [])
         self.stats = {str(s): {**training.get("stages", {}).get(str(s), {}), "from": str(directory)} for s in self.completed}
 
     def save(self, stage: int, step: int, optimizer, scheduler) -> None:
