@@ -145,6 +145,49 @@ def test_baseline_over_the_same_autoencoder(tmp_path, dataset_dir, run_dir):
                        "--init-autoencoder", str(run_dir)]) == 2  # stage 1 would overwrite the autoencoder
 
 
+def test_warm_start_adds_the_action_map_without_changing_the_model(tmp_path, dataset_dir):
+    """--init-weights: a trained model without the spatial action map and command-reading joint head
+    grows both, zero-initialised, so the warm-started model first predicts exactly what it did."""
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(TINY.read_text().replace("action_map_channels: 2", "action_map_channels: 0")
+                     .replace("joint_head_action: true", "joint_head_action: false"))
+    source, grown = tmp_path / "source", tmp_path / "grown"
+    assert train.main(["--config", str(plain), "--data", str(dataset_dir), "--out", str(source), "--steps", "3",
+                       "--device", "cpu"]) == 0
+    assert train.main(["--config", str(TINY), "--data", str(dataset_dir), "--out", str(grown), "--stage", "2",
+                       "--steps", "0", "--init-weights", str(source), "--device", "cpu"]) == 0
+    old, new = WorldModel.load(source), WorldModel.load(grown)
+    assert old.network.dynamics.action_map is None and new.network.dynamics.action_map is not None
+    (image_old, joints_old), (image_new, joints_new) = rollout(old, dataset_dir, 5)[-1], rollout(new, dataset_dir, 5)[-1]
+    np.testing.assert_array_equal(image_old, image_new)
+    np.testing.assert_allclose(joints_old, joints_new, atol=1e-6)
+    warm = json.loads((grown / checkpoint.CONFIG).read_text())["training"]["warm_start"]
+    assert warm["from"] == str(source) and "dynamics.action_stem" in warm["fresh"] and "joint_head.action_in" in warm["fresh"]
+    with pytest.raises(SystemExit):  # one or the other
+        train.main(["--config", str(TINY), "--data", str(dataset_dir), "--out", str(tmp_path / "x"), "--stage", "2",
+                    "--init-weights", str(source), "--init-autoencoder", str(source)])
+
+
+def test_cached_latents_give_the_same_stage2_loss(run_dir, dataset_dir):
+    """Stage 2 encodes the dataset once; its loss must equal the one computed from images."""
+    cfg, train_cfg = load_config(TINY)
+    trainer = train.Trainer(cfg, train_cfg, Dataset(dataset_dir), run_dir.parent / "cache_check", torch.device("cpu"))
+    trainer.load_weights(run_dir)
+    objective = train.StageObjective(trainer.network, 2, train_cfg, trainer.normalization)
+    from_images = train.WindowData(trainer.dataset, cfg.window + 1)
+    from_latents = train.WindowData(trainer.dataset, cfg.window + 1, latents=trainer.encode_dataset(chunk=7))
+    batch_images = torch.utils.data.default_collate([from_images[i] for i in range(4)])
+    batch_latents = torch.utils.data.default_collate([from_latents[i] for i in range(4)])
+    assert "images" not in batch_latents
+    losses = []
+    for batch in (batch_images, batch_latents):
+        torch.manual_seed(3)
+        with torch.no_grad():
+            losses.append(objective(batch))
+    for key in ("dynamics", "joint"):
+        torch.testing.assert_close(losses[0][key], losses[1][key], atol=1e-6, rtol=1e-5)
+
+
 # checkpoints -----------------------------------------------------------------------------------
 def test_checkpoint_round_trip_gives_identical_outputs(run_dir, dataset_dir, tmp_path):
     first = WorldModel.load(run_dir, threads=1)
@@ -220,7 +263,9 @@ def test_network_shapes_and_dtypes():
     frames = torch.randn(2, 4, lat, side, side)
     v = net.dynamics(frames, torch.full((2, 4), 15), torch.full((2, 4), 15), torch.rand(2, 4, 2))
     assert v.shape == frames.shape and v.dtype == torch.float32
-    assert net.joint_head(latent).shape == (3, 2)
+    assert net.joint_head(latent, torch.rand(3, 2)).shape == (3, 2)
+    with pytest.raises(ValueError, match="pass action"):
+        net.joint_head(latent)  # this head reads the producing command: forgetting it must not pass silently
 
 
 def test_world_model_step_contract_single_and_batched(run_dir, dataset_dir):

@@ -33,10 +33,12 @@ class ModelConfig:
     window: int = 4                         # K: history frames the newest frame attends to
     embed_dim: int = 64                     # noise-level and action embedding width
     action_hidden: int = 128
+    action_map_channels: int = 0            # >0: the action also enters as a spatial map of this many channels
     history_level: int = 15                 # noise label of (clean) history frames at inference
     history_noise_max: int = 99             # training noises history at t = s in 1..this
     joint_head_channels: int = 32
     joint_head_hidden: int = 128
+    joint_head_action: bool = False         # the joint head also reads the command that produced the frame
     timesteps: int = 1000
     streaming: bool = True                  # key/value cache; False recomputes the window every step (paper)
 
@@ -55,6 +57,8 @@ class ModelConfig:
             value = getattr(self, key)
             if not isinstance(value, list) or not value or not all(isinstance(v, int) and v > 0 for v in value):
                 bad(key, f"must be a non-empty list of positive integers, got {value!r}")
+        if not isinstance(self.action_map_channels, int) or self.action_map_channels < 0:
+            bad("action_map_channels", f"must be 0 (off) or a positive integer, got {self.action_map_channels!r}")
         down = 2 ** max(len(self.encoder_channels), len(self.decoder_mult) - 1)
         if self.image_size % down:
             bad("image_size", f"{self.image_size} must be divisible by {down} (encoder and decoder downsampling)")
@@ -95,6 +99,7 @@ class TrainConfig:
     stage3_latent_noise: float = 0.02
     joint_loss_weight: float = 1.0
     joint_latent_noise: float = 0.02  # the joint head must read predicted (imperfect) latents
+    cache_latents: bool = True       # stage 2: encode every frame once before the stage (encoder is frozen)
     checkpoint_every: int = 500
     log_every: int = 10
     num_workers: int = 0

@@ -210,7 +210,12 @@ class TemporalAttention(nn.Module):
 
 class Dynamics(nn.Module):
     """Latent dynamics: per-frame res blocks at latent resolution (no resampling), each followed by
-    causal temporal attention; noise levels (t, s) and the frame's action drive FiLM in every block."""
+    causal temporal attention; noise levels (t, s) and the frame's action drive FiLM in every block.
+
+    FiLM scales channels everywhere alike, so it cannot say *where* the commanded arm is. With
+    ``action_map_channels`` > 0 an MLP also paints the action as a learned latent-resolution map that
+    is added to the stem: the arm's place follows the command instead of drifting with the history.
+    """
 
     def __init__(self, cfg: ModelConfig, action_dim: int):
         super().__init__()
@@ -222,6 +227,13 @@ class Dynamics(nn.Module):
             nn.Linear(action_dim, cfg.embed_dim), nn.SiLU(), nn.Linear(cfg.embed_dim, cfg.action_hidden), nn.SiLU(),
             nn.Linear(cfg.action_hidden, cfg.embed_dim))
         self.stem = conv3(lat, widths[0])
+        self.action_map = None
+        if cfg.action_map_channels:
+            side, c = cfg.latent_size, cfg.action_map_channels
+            self.action_map = nn.Sequential(
+                nn.Linear(action_dim, cfg.action_hidden), nn.SiLU(), nn.Linear(cfg.action_hidden, cfg.action_hidden),
+                nn.SiLU(), nn.Linear(cfg.action_hidden, c * side * side), nn.Unflatten(1, (c, side, side)))
+            self.action_stem = zero_init(conv3(c, widths[0]))  # zero: adding it leaves a trained model unchanged
         self.blocks, self.attention = nn.ModuleList(), nn.ModuleList()
         cin = widths[0]
         for w in widths:
@@ -243,6 +255,8 @@ class Dynamics(nn.Module):
         emb = torch.cat([self.noise_embedding(t.flatten(), s.flatten()), self.action_embedding(actions.flatten(0, 1))], -1)
         emb = F.silu(emb)
         first = self.stem(latents.flatten(0, 1))
+        if self.action_map is not None:
+            first = first + self.action_stem(self.action_map(actions.flatten(0, 1)))
         h = first
         for i, (block, attention) in enumerate(zip(self.blocks, self.attention)):
             h = attention(block(h, emb), f, None if cache is None else cache[i], commit)
@@ -255,10 +269,13 @@ class Dynamics(nn.Module):
 
 
 class JointHead(nn.Module):
-    """Joint positions (normalised) read off one latent: two stride-2 convs and an MLP."""
+    """Joint positions (normalised) read off one latent: two stride-2 convs and an MLP. With
+    ``joint_head_action`` the command that produced the frame enters the MLP too: a position-
+    controlled arm sits close to its last command, and the image says where contact holds it back."""
 
     def __init__(self, cfg: ModelConfig, joint_dim: int):
         super().__init__()
+        self.action_in = zero_init(nn.Linear(joint_dim, cfg.joint_head_hidden)) if cfg.joint_head_action else None
         c = cfg.joint_head_channels
         side = max(cfg.latent_size // 4, 1)
         self.net = nn.Sequential(
@@ -266,8 +283,15 @@ class JointHead(nn.Module):
             nn.AdaptiveAvgPool2d(side), nn.Flatten(), nn.Linear(c * side * side, cfg.joint_head_hidden), nn.SiLU(),
             nn.Linear(cfg.joint_head_hidden, joint_dim))
 
-    def forward(self, latent: torch.Tensor) -> torch.Tensor:
-        return self.net(latent)
+    def forward(self, latent: torch.Tensor, action: torch.Tensor | None = None) -> torch.Tensor:
+        """``action``: the normalised command that produced each latent's frame (needed when the
+        head was built with ``joint_head_action``)."""
+        if self.action_in is None:
+            return self.net(latent)
+        if action is None:
+            raise ValueError("this joint head reads the producing command: pass action")
+        hidden = self.net[:7](latent) + self.action_in(action)
+        return self.net[8](self.net[7](hidden))
 
 
 class WorldModelNetwork(nn.Module):

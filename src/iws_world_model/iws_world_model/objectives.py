@@ -66,24 +66,28 @@ class StageObjective(nn.Module):
 
     def dynamics_loss(self, batch) -> dict[str, torch.Tensor]:
         cfg = self.network.config
-        image = self._images(batch)                                   # (B, F, 3, S, S)
-        b, f = image.shape[:2]
-        with torch.no_grad():
-            latents = self.network.encoder(image.flatten(0, 1)).reshape(b, f, *self._latent_shape())
+        if "latents" in batch:  # encoded once before the stage (the encoder is frozen here)
+            latents = batch["latents"].float()
+            b, f = latents.shape[:2]
+        else:
+            image = self._images(batch)                               # (B, F, 3, S, S)
+            b, f = image.shape[:2]
+            with torch.no_grad():
+                latents = self.network.encoder(image.flatten(0, 1)).reshape(b, f, *self._latent_shape())
         actions = (2 * (batch["actions"].float() - self.action_low) / (self.action_high - self.action_low) - 1).clamp(-1, 1)
         history, target = latents[:, :-1], latents[:, -1]
         top = self.schedule.timesteps - 1
         if cfg.dynamics_objective == "consistency":
             # History noise t = s in 1..99: the model learns to tolerate its own rollout errors.
-            level = torch.randint(1, cfg.history_noise_max + 1, (b, f - 1), device=image.device)
+            level = torch.randint(1, cfg.history_noise_max + 1, (b, f - 1), device=latents.device)
             history = self.schedule.add_noise(history, level, noise_like(history))
-            t_target = torch.full((b, 1), top, device=image.device)
+            t_target = torch.full((b, 1), top, device=latents.device)
             x_t = self.schedule.add_noise(target, t_target[:, 0], noise_like(target))
             t = torch.cat([level, t_target], 1)
             s = torch.cat([level, torch.zeros_like(t_target)], 1)
         else:  # deterministic baseline: same network, plain regression, no noise anywhere
             x_t = torch.zeros_like(target)
-            t = torch.zeros((b, f), dtype=torch.long, device=image.device)
+            t = torch.zeros((b, f), dtype=torch.long, device=latents.device)
             t[:, -1] = top
             s = torch.zeros_like(t)
         v = self.network.dynamics(torch.cat([history, x_t[:, None]], 1), t, s, actions, last_only=True)[:, -1]
@@ -91,7 +95,7 @@ class StageObjective(nn.Module):
         dynamics = F.mse_loss(prediction, target)
         joints = (batch["joints"].float() - self.joint_mean) / self.joint_std
         noisy = normalize_latent(latents + self.train_cfg.joint_latent_noise * torch.randn_like(latents))
-        joint = F.mse_loss(self.network.joint_head(noisy.flatten(0, 1)), joints.flatten(0, 1))
+        joint = F.mse_loss(self.network.joint_head(noisy.flatten(0, 1), actions.flatten(0, 1)), joints.flatten(0, 1))
         return {"loss": dynamics + self.train_cfg.joint_loss_weight * joint, "dynamics": dynamics.detach(),
                 "joint": joint.detach()}
 

@@ -37,8 +37,9 @@ class WindowData(torch.utils.data.Dataset):
     """Windows of ``length`` consecutive frames of one episode; each frame carries the action that
     produced it (the previous frame's command; an episode's first frame carries its own)."""
 
-    def __init__(self, dataset: Dataset, length: int, split: str = "train"):
-        self.dataset, self.length = dataset, length
+    def __init__(self, dataset: Dataset, length: int, split: str = "train", latents: torch.Tensor | None = None):
+        """``latents``: every frame already encoded (stage 2); windows then carry latents, not images."""
+        self.dataset, self.length, self.latents = dataset, length, latents
         self.starts = dataset.windows(length, split)
         first = np.zeros(len(dataset), dtype=bool)
         first[[e.start for e in dataset.episodes]] = True
@@ -50,7 +51,9 @@ class WindowData(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         frames = slice(int(self.starts[i]), int(self.starts[i]) + self.length)
         d = self.dataset
-        return {"images": torch.from_numpy(np.array(d.images[frames])),
+        pixels = {"images": torch.from_numpy(np.array(d.images[frames]))} if self.latents is None else \
+            {"latents": self.latents[frames]}
+        return {**pixels,
                 "actions": torch.from_numpy(np.array(d.actions[self.producing_action[frames]])),
                 "joints": torch.from_numpy(np.array(d.joint_positions[frames]))}
 
@@ -110,6 +113,7 @@ class Trainer:
         self.completed: list[int] = []
         self.stats: dict = {}      # per stage: steps, loss_first, loss_last, seconds (goes into config.json)
         self.losses: dict = {}     # per stage: loss history (train_state.pt only)
+        self.warm_start: dict | None = None  # --init-weights: where the later stages started from
         self.writer = None
         if rank == 0:
             from torch.utils.tensorboard import SummaryWriter
@@ -125,15 +129,27 @@ class Trainer:
         self.stats = meta.get("training", {}).get("stages", {})
         self.completed = list(meta.get("training", {}).get("completed", []))
 
-    def load_autoencoder(self, directory: Path) -> None:
+    def load_autoencoder(self, directory: Path, everything: bool = False) -> None:
         """Encoder and decoder from another checkpoint, everything else fresh: a baseline dynamics
-        (e.g. plain MSE) of equal size trained over the very same autoencoder."""
+        (e.g. plain MSE) of equal size trained over the very same autoencoder. ``everything`` also
+        takes every other weight whose name and shape the --config model shares (a warm start after
+        adding a zero-initialised module); the rest keeps its initialisation."""
         network, meta = checkpoint.load(directory, self.device)
         for name in ("encoder", "decoder"):
             try:
                 getattr(self.network, name).load_state_dict(getattr(network, name).state_dict())
             except RuntimeError as exc:
                 raise checkpoint.CheckpointError(f"{directory}: its {name} does not fit the --config model: {exc}") from exc
+        if everything:
+            own, theirs = self.network.state_dict(), network.state_dict()
+            shared = {k: v for k, v in theirs.items() if k in own and own[k].shape == v.shape}
+            self.network.load_state_dict(shared, strict=False)
+            fresh = sorted({k.rsplit(".", 1)[0] for k in own if k not in shared})
+            self.warm_start = {"from": str(directory), "fresh": fresh,
+                               "its_stages": meta.get("training", {}).get("stages", {})}
+            if self.rank == 0:
+                print(f"iws train: {len(shared)}/{len(own)} tensors from {directory}; fresh: {', '.join(fresh) or 'none'}",
+                      file=sys.stderr)
         self.normalization = meta["normalization"]
         training = meta.get("training", {})
         # The decoder's stage-3 fine-tune (if it had one) comes along with it.
@@ -144,11 +160,14 @@ class Trainer:
         if self.rank != 0:
             return
         training = {"completed": self.completed, "stages": self.stats, "current": {"stage": stage, "step": step}}
+        if self.warm_start:
+            training["warm_start"] = self.warm_start
         checkpoint.save(self.out, self.network, self.normalization, dataset_info(self.dataset), training)
         if not (self.out / start_windows.FILENAME).exists():  # so a shipped model starts without its dataset
             windows = start_windows.windows_from_dataset(self.dataset, self.model_cfg.window, count=8)
             start_windows.save_start_windows(self.out, windows)
         state = {"stage": stage, "step": step, "completed": self.completed, "stats": self.stats, "losses": self.losses,
+                 "warm_start": self.warm_start,
                  "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                  "torch_rng": torch.get_rng_state(), "normalization": self.normalization}
         torch.save(state, self.out / (STATE + ".partial"))
@@ -171,7 +190,8 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids)
         length = self.model_cfg.window + 1 if stage == 2 else 1
-        data = WindowData(self.dataset, length, "train")
+        latents = self.encode_dataset() if stage == 2 and self.train_cfg.cache_latents else None
+        data = WindowData(self.dataset, length, "train", latents)
         if len(data) == 0:
             raise DatasetError(f"{self.dataset.root}: no training window of {length} frames for stage {stage}")
         stream = batches(data, scfg.batch_size, self.train_cfg.seed + start, self.rank, self.world,
@@ -214,6 +234,19 @@ class Trainer:
             self.completed.append(stage)
         self.save(stage, steps, optimizer, scheduler)
 
+    @torch.no_grad()
+    def encode_dataset(self, chunk: int = 256) -> torch.Tensor:
+        """Every frame through the (frozen) encoder once, on the CPU side: stage 2 then skips the
+        image pipeline and the encoder on every step (about a quarter of a step on the CPU)."""
+        from .world_model import images_to_tensor
+        cfg, n = self.model_cfg, len(self.dataset)
+        latents = torch.empty((n, cfg.latent_channels, cfg.latent_size, cfg.latent_size))
+        for i in tqdm(range(0, n, chunk), desc="encoding frames", unit="chunk", disable=self.rank != 0,
+                      dynamic_ncols=True, file=sys.stderr):
+            x = images_to_tensor(self.dataset.images[i:i + chunk], cfg.image_size, self.device)
+            latents[i:i + chunk] = self.network.encoder(x).cpu()
+        return latents
+
     def _summarise(self, stage: int, done: int, began: float) -> None:
         """First/last ten-step means of every loss term, for config.json and the tests."""
         stats = self.stats.setdefault(str(stage), {})
@@ -236,9 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=None, help="override train.seed")
-    p.add_argument("--init-autoencoder", default=None, metavar="CKPT",
-                   help="take encoder and decoder from CKPT and train the selected later stages fresh "
-                        "(a baseline of equal size over the same autoencoder)")
+    init = p.add_mutually_exclusive_group()
+    init.add_argument("--init-autoencoder", default=None, metavar="CKPT",
+                      help="take encoder and decoder from CKPT and train the selected later stages fresh "
+                           "(a baseline of equal size over the same autoencoder)")
+    init.add_argument("--init-weights", default=None, metavar="CKPT",
+                      help="like --init-autoencoder, but start the later stages from CKPT's weights too, "
+                           "wherever the --config model shares a weight's name and shape (warm start)")
     args = p.parse_args(argv)
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -277,11 +314,12 @@ def main(argv: list[str] | None = None) -> int:
             resume_state = torch.load(out / STATE, map_location="cpu", weights_only=False)
             trainer.completed, trainer.stats = resume_state["completed"], resume_state["stats"]
             trainer.losses = resume_state["losses"]
+            trainer.warm_start = resume_state.get("warm_start")
             torch.set_rng_state(resume_state["torch_rng"])
-        elif args.init_autoencoder:
+        elif args.init_autoencoder or args.init_weights:
             if plan[0] == 1:
-                raise checkpoint.CheckpointError("--init-autoencoder replaces stage 1: pass --stage 2 (or 3)")
-            trainer.load_autoencoder(Path(args.init_autoencoder))
+                raise checkpoint.CheckpointError("--init-autoencoder/--init-weights replace stage 1: pass --stage 2 (or 3)")
+            trainer.load_autoencoder(Path(args.init_autoencoder or args.init_weights), everything=bool(args.init_weights))
         elif plan[0] == 1 and (out / checkpoint.WEIGHTS).exists():
             raise checkpoint.CheckpointError(f"{out}: already holds a checkpoint; pass --resume, "
                                              "--stage 2/3 to train later stages on it, or choose a new --out")

@@ -97,8 +97,9 @@ class WorldModel:
         a = torch.from_numpy(np.array(actions, dtype=np.float32)).to(self.device)  # a copy: inputs may be read-only mmaps
         return (2 * (a - self.action_low) / (self.action_high - self.action_low) - 1).clamp(-1, 1)
 
-    def joints_from_latent(self, latent: torch.Tensor) -> torch.Tensor:
-        return self.network.joint_head(latent) * self.joint_std + self.joint_mean
+    def joints_from_latent(self, latent: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """``action``: the normalised command that produced the latent's frame."""
+        return self.network.joint_head(latent, action) * self.joint_std + self.joint_mean
 
     # building blocks eval can reuse -----------------------------------------------------------
     @torch.inference_mode()
@@ -204,6 +205,6 @@ class WorldModel:
             self._history_actions = torch.cat([self._history_actions, a[:, None]], 1)[:, -window:]
         self.latent = latent
         image = tensor_to_images(self.decode(latent))
-        joints = self.joints_from_latent(latent).cpu().numpy()
+        joints = self.joints_from_latent(latent, a).cpu().numpy()
         self.joint_positions = torch.as_tensor(joints, device=self.device)
         return (image, joints) if self._batched else (image[0], joints[0])
