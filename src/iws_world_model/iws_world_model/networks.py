@@ -290,8 +290,11 @@ class JointHead(nn.Module):
             return self.net(latent)
         if action is None:
             raise ValueError("this joint head reads the producing command: pass action")
-        hidden = self.net[:7](latent) + self.action_in(action)
-        return self.net[8](self.net[7](hidden))
+        *features, activation, output = self.net  # the command joins at the MLP's hidden layer
+        hidden = latent
+        for layer in features:
+            hidden = layer(hidden)
+        return output(activation(hidden + self.action_in(action)))
 
 
 class WorldModelNetwork(nn.Module):
