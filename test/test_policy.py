@@ -86,6 +86,46 @@ def test_policy_shapes_save_load_and_corrupt_checkpoints(tmp_path):
         load_policy(tmp_path / "missing")
 
 
+def test_relative_chunks_are_offsets_from_the_newest_joints_and_old_checkpoints_stay_absolute():
+    policy = DiffusionPolicy(PolicyConfig(joint_names=list(PROFILE.joints.names))).eval()
+    joints = torch.tensor([[[0.0, 0.0, 0.0], [0.5, -1.0, 0.2]]])
+    actions = torch.tensor([[[0.6, -0.9, 0.2]] * policy.config.pred_horizon])
+    torch.testing.assert_close(policy.targets(joints, actions)[0, 0], torch.tensor([0.1, 0.1, 0.0]))
+    images = torch.zeros((1, 2, 64, 64, 3), dtype=torch.uint8)
+    relative = policy.predict(images, joints, generator=torch.Generator().manual_seed(0))
+    policy.config.action_relative = False
+    absolute = policy.predict(images, joints, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(relative - absolute, joints[:, -1:].expand_as(relative))  # offsets from the arm
+    old = {**PolicyConfig().to_json()}
+    del old["action_relative"]
+    assert PolicyConfig.from_json(old).action_relative is False
+
+
+def test_target_range_and_random_shift():
+    from iws_policy.train import DemoSet, random_shift
+    demos = DemoSet.__new__(DemoSet)
+    demos.joints = np.array([[0.0], [1.0], [2.0]], np.float32)
+    demos.actions = np.array([[1.0], [2.0], [2.5]], np.float32)
+    demos.starts, demos.lengths = np.array([0]), np.array([3])
+    demos.index = np.array([[0, 0], [0, 1], [0, 2]])
+    config = PolicyConfig(joints=1, pred_horizon=2)
+    low, high = demos.target_range(config)  # targets: 1-0, 2-0, 2-1, 2.5-1, 2.5-2, 2.5-2
+    assert low[0] == pytest.approx(0.5) and high[0] == pytest.approx(2.0)
+    config.action_relative = False
+    assert tuple(demos.target_range(config)) == (pytest.approx([1.0]), pytest.approx([2.5]))
+
+    images = torch.randint(0, 255, (3, 2, 16, 16, 3), dtype=torch.uint8)
+    assert torch.equal(random_shift(images, 0, np.random.default_rng(0)), images)
+    shifted = random_shift(images, 3, np.random.default_rng(0))
+    assert shifted.shape == images.shape and shifted.dtype == torch.uint8 and not torch.equal(shifted, images)
+    for sample in range(3):  # both frames of a sample moved alike: find the shift of frame 0, check frame 1
+        matches = [(dy, dx) for dy in range(-3, 4) for dx in range(-3, 4)
+                   if torch.equal(shifted[sample, 0, 3:13, 3:13], images[sample, 0, 3 + dy:13 + dy, 3 + dx:13 + dx])]
+        assert len(matches) == 1
+        dy, dx = matches[0]
+        assert torch.equal(shifted[sample, 1, 3:13, 3:13], images[sample, 1, 3 + dy:13 + dy, 3 + dx:13 + dx])
+
+
 @pytest.fixture(scope="module")
 def tiny_policy(tiny_world_model, tmp_path_factory):
     """A Diffusion Policy trained briefly on the tiny world model's dataset; its loss must fall."""
@@ -113,6 +153,27 @@ def test_policy_training_resumes(tiny_policy, tiny_world_model, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((resumed / "config.json").read_text())["trained_steps"] == 70
     assert "60/70" in result.stderr, "training did not continue from step 60"
+
+
+def test_policy_sees_through_a_frozen_world_model_encoder(tiny_world_model, tmp_path):
+    from safetensors.torch import load_file
+    dataset, out = tiny_world_model.parent / "dataset", tmp_path / "latent_policy"
+    train = lambda *extra: subprocess.run([sys.executable, "-m", "iws_bringup.cli", "policy", "train", "--data", str(dataset),
+                                           "--out", str(out), "--steps", "12", "--batch", "4", "--threads", "2", *extra],
+                                          capture_output=True, text=True, timeout=600)
+    result = train("--image-encoder", str(tiny_world_model))
+    assert result.returncode == 0, result.stderr[-3000:]
+    policy = load_policy(out)
+    assert policy.config.image_encoder == "world_model" and policy.config.image_size == 32
+    world = load_file(str(tiny_world_model / "model.safetensors"))
+    for name, weight in policy.encoder.pretrained.state_dict().items():
+        torch.testing.assert_close(weight, world["encoder." + name])  # copied in, and not trained
+    assert policy.encoder.latent_mean.abs().sum() > 0 and not torch.allclose(policy.encoder.latent_std, torch.ones(4))
+    command = PolicyRunner(policy).act(np.zeros((96, 96, 3), np.uint8), np.zeros(3))
+    assert command.shape == (3,) and np.all(np.isfinite(command))
+
+    broken = train("--image-encoder", str(tmp_path / "no_such_model"))
+    assert broken.returncode == 1 and "--image-encoder" in broken.stderr and "Traceback" not in broken.stderr
 
 
 def test_synthetic_demos_inside_the_world_model_build_a_dataset(tiny_world_model, tmp_path):

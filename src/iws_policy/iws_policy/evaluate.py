@@ -164,7 +164,9 @@ class BackendSession:
 
 
 def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: int = 10_000, robot: str = "reference_arm",
-             model: str | None = None, videos: int = 0, out: Path | None = None, progress: bool = True) -> dict:
+             model: str | None = None, videos: int = 0, out: Path | None = None, progress: bool = True,
+             threads: int = 1) -> dict:
+    import torch
     from tqdm import tqdm
 
     from iws_data.video import write_mp4
@@ -172,6 +174,7 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
     from iws_reference_robot.scoring import PixelScorer
     from iws_reference_robot.sim import ReferenceSim, start_window
 
+    torch.set_num_threads(threads)  # the backend process needs the other core
     out = Path(out or tempfile.mkdtemp(prefix="iws_evaluate_"))
     out.mkdir(parents=True, exist_ok=True)
     session = BackendSession(backend, robot, model, out)

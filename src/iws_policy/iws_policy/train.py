@@ -9,11 +9,14 @@ Samples (obs window, action chunk) pairs from every episode of the train split: 
 its end). With several ``--data``, ``--episodes`` episodes are drawn from them in the given
 ``--fraction``s (the data-mix experiments). Checkpoints (safetensors + config.json) every
 ``--save-every`` steps and at the end (``--snapshot-every`` keeps copies in ``OUT/step_NNNNNN``);
-``--resume`` continues from ``OUT/train_state.pt``.
+``--resume`` continues from ``OUT/train_state.pt``. Images get a random shift of up to ``--shift``
+pixels, and the checkpoint holds an exponential moving average of the weights (``--ema``), as
+Diffusion Policy trains: both matter most with few demonstrations and few epochs.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -82,6 +85,45 @@ class DemoSet:
         return (torch.from_numpy(self.images[obs]), torch.from_numpy(self.joints[obs]),
                 torch.from_numpy(self.actions[act]))
 
+    def encode(self, encoder, chunk: int = 256) -> None:
+        """Replace the images by a frozen encoder's latents (``LatentEncoder.latents``), computed once:
+        training then runs only the policy's own layers."""
+        import torch
+
+        latents = [encoder.latents(torch.from_numpy(self.images[i:i + chunk])).to(torch.float16).numpy()
+                   for i in range(0, len(self.images), chunk)]
+        self.images = np.concatenate(latents)
+
+    def target_range(self, config: PolicyConfig) -> tuple[np.ndarray, np.ndarray]:
+        """Per-joint (low, high) of the denoiser's targets over every (frame, chunk offset) of the set:
+        the commands, or with ``action_relative`` the commands minus the frame's joint positions."""
+        start, length = self.starts[self.index[:, 0]], self.lengths[self.index[:, 0]]
+        t = self.index[:, 1]
+        low, high = np.full(self.actions.shape[1], np.inf), np.full(self.actions.shape[1], -np.inf)
+        for k in range(config.pred_horizon):
+            target = self.actions[start + np.minimum(t + k, length - 1)]
+            if config.action_relative:
+                target = target - self.joints[start + t]
+            low, high = np.minimum(low, target.min(0)), np.maximum(high, target.max(0))
+        return low, high
+
+
+def random_shift(images, pad: int, rng: np.random.Generator):
+    """Shift each sample's frames (B, To, H, W, C) by up to ``pad`` pixels (edge-replicated), the same
+    shift for all frames of a sample: Diffusion Policy's random-crop augmentation for small data.
+    Images or channels-last latents; the dtype is kept."""
+    import torch
+    import torch.nn.functional as F
+
+    if pad <= 0:
+        return images
+    b, to, h, w, c = images.shape
+    x = images.permute(0, 1, 4, 2, 3).reshape(b, to * c, h, w).float()
+    x = F.pad(x, (pad, pad, pad, pad), mode="replicate")
+    dx, dy = rng.integers(0, 2 * pad + 1, size=(2, b))
+    x = torch.stack([x[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(b)])
+    return x.reshape(b, to, c, h, w).permute(0, 1, 3, 4, 2).to(images.dtype)
+
 
 def learning_rate(step: int, steps: int, peak: float, warmup: float = 0.05) -> float:
     """Linear warm-up over the first ``warmup`` share of the steps, then cosine decay to 0 at ``steps``
@@ -89,24 +131,57 @@ def learning_rate(step: int, steps: int, peak: float, warmup: float = 0.05) -> f
     return peak * lr_factor(int(warmup * steps), steps, 0.0)(step)
 
 
+def world_model_encoder(checkpoint: str | Path) -> tuple[dict, dict]:
+    """A world model checkpoint's encoder weights and model config (for ``--image-encoder``)."""
+    from safetensors.torch import load_file
+
+    from iws_world_model.checkpoint import WEIGHTS, CheckpointError, read_meta
+    try:
+        meta = read_meta(checkpoint)
+        state = load_file(str(Path(checkpoint) / WEIGHTS))
+    except CheckpointError as exc:
+        raise ValueError(f"--image-encoder: {exc}") from exc
+    except Exception as exc:  # safetensors' own error types
+        raise ValueError(f"--image-encoder {checkpoint}: unreadable weights: {exc}") from exc
+    weights = {k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")}
+    if not weights:
+        raise ValueError(f"--image-encoder {checkpoint}: no encoder weights")
+    return weights, meta["model"]
+
+
+def ema_decay(step: int, ceiling: float) -> float:
+    """Warm-up of the averaging (Diffusion Policy's EMA): early weights are forgotten quickly."""
+    return min(ceiling, (1.0 + step) / (10.0 + step))
+
+
 def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: int = 32, lr: float = 3e-4,
           seed: int = 0, save_every: int = 500, resume: bool = False, config: PolicyConfig | None = None,
-          progress: bool = True, snapshot_every: int = 0) -> dict:
+          progress: bool = True, snapshot_every: int = 0, shift: int = 4, ema: float = 0.999,
+          image_encoder: str | Path | None = None) -> dict:
     import torch
     from tqdm import tqdm
 
     torch.manual_seed(seed)
     config = config or PolicyConfig()
+    encoder_weights = None
+    if image_encoder is not None:
+        encoder_weights, config.world_model_config = world_model_encoder(image_encoder)
+        config.image_encoder, config.image_size = "world_model", int(config.world_model_config["image_size"])
     demos = DemoSet(sources, config, seed)
     config.joints = demos.joints.shape[1]
     config.joint_names, config.control_rate_hz = list(demos.joint_names), demos.control_rate_hz
     margin = lambda lo, hi: (lo - 0.02 * (hi - lo + 1e-3), hi + 0.02 * (hi - lo + 1e-3))
     config.joint_low, config.joint_high = (v.tolist() for v in margin(demos.joints.min(0), demos.joints.max(0)))
-    config.action_low, config.action_high = (v.tolist() for v in margin(demos.actions.min(0), demos.actions.max(0)))
+    config.action_low, config.action_high = (v.tolist() for v in margin(*demos.target_range(config)))
 
     from iws_policy.diffusion import DiffusionPolicy
     policy = DiffusionPolicy(config)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=1e-6)
+    if encoder_weights is not None:
+        policy.encoder.pretrained.load_state_dict(encoder_weights)
+        demos.encode(policy.encoder)
+        policy.encoder.set_statistics(torch.from_numpy(demos.images))
+    averaged = copy.deepcopy(policy).requires_grad_(False)  # what checkpoints hold
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr, weight_decay=1e-6)
     rng = np.random.default_rng(seed)
     step, losses, started = 0, [], time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -114,23 +189,27 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
     if resume and state_path.is_file():
         state = torch.load(state_path, weights_only=False)
         policy.load_state_dict(state["model"])
+        averaged.load_state_dict(state.get("ema", state["model"]))
         optimizer.load_state_dict(state["optimizer"])
         rng.bit_generator.state = state["rng"]
         step, losses = state["step"], state["losses"]
 
     def checkpoint():
-        extra = {"trained_steps": step, "batch": batch, "lr": lr, "seed": seed, "data": demos.used,
+        extra = {"trained_steps": step, "batch": batch, "lr": lr, "seed": seed, "shift_px": shift, "ema": ema,
+                 "image_encoder_from": str(image_encoder) if image_encoder else None,
+                 "data": demos.used,
                  "frames": int(len(demos.index)), "train_seconds": time.perf_counter() - started,
                  "final_loss": float(np.mean(losses[-50:])) if losses else None}
-        save_policy(policy, out, extra)
+        save_policy(averaged, out, extra)
         tmp = out / (STATE_FILE + ".tmp")
-        torch.save({"model": policy.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.bit_generator.state, "step": step, "losses": losses}, tmp)
+        torch.save({"model": policy.state_dict(), "ema": averaged.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.bit_generator.state, "step": step, "losses": losses}, tmp)
         tmp.replace(state_path)
 
     policy.train()
     with tqdm(total=steps, initial=step, desc="policy", disable=not progress, dynamic_ncols=True) as bar:
         while step < steps:
             images, joints, actions = demos.batch(rng, batch, config)
+            images = random_shift(images, shift // getattr(policy.encoder, "downsample", 1), rng)
             loss = policy.loss(images, joints, actions)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -138,6 +217,11 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, steps, lr)
             optimizer.step()
+            with torch.no_grad():
+                decay = ema_decay(step, ema)
+                averaged_params, params = list(averaged.parameters()), list(policy.parameters())
+                torch._foreach_mul_(averaged_params, decay)
+                torch._foreach_add_(averaged_params, params, alpha=1.0 - decay)
             losses.append(float(loss))
             step += 1
             bar.update(1)
@@ -146,7 +230,7 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
             if step % save_every == 0 or step == steps:
                 checkpoint()
             if snapshot_every and step % snapshot_every == 0:
-                save_policy(policy, out / f"step_{step:06d}", {"trained_steps": step, "data": demos.used, "seed": seed})
+                save_policy(averaged, out / f"step_{step:06d}", {"trained_steps": step, "data": demos.used, "seed": seed})
     return {"out": str(out), "steps": step, "frames": int(len(demos.index)), "data": demos.used,
             "loss_first_50": float(np.mean(losses[:50])), "loss_last_50": float(np.mean(losses[-50:])),
             "seconds": time.perf_counter() - started}
@@ -162,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shift", type=int, default=4, help="random-shift augmentation of the images, pixels (0: off)")
+    parser.add_argument("--image-encoder", metavar="WORLD_MODEL",
+                        help="see through this world model's frozen encoder (e.g. models/push_t) instead of training a CNN")
+    parser.add_argument("--ema", type=float, default=0.999, help="weight averaging decay (0: checkpoints hold the raw weights)")
     parser.add_argument("--save-every", type=int, default=500)
     parser.add_argument("--snapshot-every", type=int, default=0,
                         help="also keep the policy every N steps in OUT/step_NNNNNN (policies at training stages)")
@@ -171,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     fractions = args.fraction or [1.0 / len(args.data)] * len(args.data)
     if len(fractions) != len(args.data) or any(f < 0 for f in fractions) or sum(fractions) <= 0:
         parser.error("give one non-negative --fraction per --data")
-    if args.steps < 1 or args.batch < 1:
-        parser.error("--steps and --batch must be positive")
+    if args.steps < 1 or args.batch < 1 or args.shift < 0 or not 0 <= args.ema < 1:
+        parser.error("--steps and --batch must be positive, --shift non-negative, --ema in [0, 1)")
     from iws_data.dataset import Dataset, DatasetError
     try:
         if args.episodes is None:
@@ -184,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             import torch
             torch.set_num_threads(args.threads)
         result = train([(d, c) for d, c in zip(args.data, counts) if c > 0], args.out, args.steps, args.batch, args.lr,
-                       args.seed, args.save_every, args.resume, snapshot_every=args.snapshot_every)
+                       args.seed, args.save_every, args.resume, snapshot_every=args.snapshot_every,
+                       shift=args.shift, ema=args.ema, image_encoder=args.image_encoder)
     except (DatasetError, ValueError) as exc:
         print(f"iws policy train: error: {exc}", file=sys.stderr)
         return 1
