@@ -57,6 +57,14 @@ def test_start_window_holds_the_arm_and_is_seeded(sim):
     assert not np.array_equal(start_window(sim, 43, 1)["images"][0], a["images"][0])
 
 
+def test_success_stops_counting_once_the_object_is_lost():
+    from iws_policy.evaluate import best_score_before_loss
+    scores = [0.1, 0.5, 0.0, 0.0, 0.0, 0.97, 0.2]
+    assert best_score_before_loss(scores, [True, True, False, False, True, True, True], lost_frames=3) == (0.97, None)
+    assert best_score_before_loss(scores, [True, True, False, False, False, True, True], lost_frames=3) == (0.5, 2)
+    assert best_score_before_loss(scores, [False] * 7, lost_frames=3) == (0.0, 0)
+
+
 def test_wilson_interval():
     low, high = wilson_interval(8, 10)
     assert 0.44 < low < 0.5 and 0.94 < high < 0.97

@@ -284,6 +284,20 @@ def test_world_model_step_contract_single_and_batched(run_dir, dataset_dir):
         world.reset(images, joints[:, :1], actions)
 
 
+def test_commands_are_limited_to_what_the_drive_can_follow(run_dir, dataset_dir):
+    images, joints, actions, future = episode_start(dataset_dir, 3)
+    limited = WorldModel.load(run_dir, max_command_step=[0.1, 0.2])
+    limited.reset(images, joints, actions, seed=0)
+    far = joints[-1] + np.array([1.0, -1.0], np.float32)
+    np.testing.assert_allclose(limited.limit_command(far), joints[-1] + np.array([0.1, -0.2]), atol=1e-6)
+    near = joints[-1] + np.float32(0.05)
+    np.testing.assert_allclose(limited.limit_command(near), near, atol=1e-6)  # within reach: unchanged
+    plain = WorldModel.load(run_dir)
+    plain.reset(images, joints, actions, seed=0)
+    reached = joints[-1] + np.array([0.1, -0.2], np.float32)
+    np.testing.assert_array_equal(limited.step(far)[0], plain.step(reached)[0])  # the far command acts as the reachable one
+
+
 def test_consistency_schedule_and_jump():
     sched = Schedule()
     ab = sched.alpha_bar

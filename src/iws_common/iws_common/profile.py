@@ -111,6 +111,10 @@ class RobotProfile:
     def control_period_s(self) -> float:
         return 1.0 / self.control_rate_hz
 
+    def max_joint_step(self) -> list[float]:
+        """How far each joint can move in one control period at its velocity limit (rad)."""
+        return [v * self.control_period_s for v in self.joints.max_velocity]
+
     def namespaced(self, namespace: str) -> "RobotProfile":
         """The same robot with every topic and service under ``namespace`` (``/sim/joint_states``),
         so that two backends of one robot can serve side by side (A/B). "" leaves the names alone."""

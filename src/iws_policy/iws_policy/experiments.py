@@ -40,12 +40,13 @@ def parse_named(items: list[str], what: str) -> dict[str, str]:
 
 def evaluation(policy: str, backend: str, out: Path, episodes: int, steps: int, seed: int, model: str | None) -> dict:
     """`iws evaluate` into ``out``, or its earlier result when it matches."""
-    from iws_policy.evaluate import evaluate
+    from iws_policy.evaluate import LOST_FRAMES, evaluate
 
     cached = out / "evaluation.json"
     if cached.is_file():
         result = json.loads(cached.read_text())
-        if (result.get("episodes"), result.get("steps"), result.get("seed")) == (episodes, steps, seed):
+        if (result.get("episodes"), result.get("steps"), result.get("seed"), result.get("lost_frames_rule")) == \
+                (episodes, steps, seed, LOST_FRAMES):
             return result
     return evaluate(policy, backend, episodes, steps, seed, model=model, videos=2, out=out, progress=True)
 
@@ -83,6 +84,10 @@ def _json(value):
     if isinstance(value, list):
         return [_json(v) for v in value]
     return value
+
+
+def _rate(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _plot(path: Path, draw) -> None:
@@ -160,6 +165,8 @@ def correlation(policies: dict[str, str], out: Path, episodes: int, steps: int, 
         rows.append({"name": name, "checkpoint": checkpoint, "reference": real["success_rate"],
                      "world_model": sim["success_rate"], "reference_ci95": real["ci95"], "world_model_ci95": sim["ci95"],
                      "reference_coverage": mean_best_coverage(real), "world_model_coverage": mean_best_coverage(sim),
+                     "world_model_object_lost_rate": sim.get("object_lost_rate"),
+                     "world_model_ignoring_loss": sim.get("success_rate_ignoring_loss"),
                      "eval_seconds": real["seconds"] + sim["seconds"], "training": _train_info(checkpoint)})
         result = _correlation_report(rows, len(policies), out, episodes, steps, seed, model)
     return result
@@ -193,11 +200,14 @@ def _correlation_report(rows, planned, out, episodes, steps, seed, model) -> dic
     lines = ["# Experiment b: success in the world model against success on the reference robot", "",
              f"Each policy on both backends from the same initial states (seeds {seed}..{seed + episodes - 1}), "
              f"{episodes} episodes of {steps} steps each; world model: {model or 'models/push_t'}. "
+             "Success counts frames until the T goes unfound for 5 frames in a row (never on the reference robot). "
              f"{len(rows)} of {planned} planned policies evaluated.", "",
-             "| policy | success: world model | success: reference | coverage: world model | coverage: reference | eval s (both) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| policy | success: world model | success: reference | coverage: world model | coverage: reference | "
+             "world model lost the T | world-model success counting frames after the loss | eval s (both) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['name']} | {r['world_model']:.2f} | {r['reference']:.2f} | {r['world_model_coverage']:.3f} | "
-              f"{r['reference_coverage']:.3f} | {r['eval_seconds']:.0f} |" for r in rows]
+              f"{r['reference_coverage']:.3f} | {_rate(r.get('world_model_object_lost_rate'))} | "
+              f"{_rate(r.get('world_model_ignoring_loss'))} | {r['eval_seconds']:.0f} |" for r in rows]
     r_text = f"{result['pearson_r']:.3f}" if math.isfinite(result["pearson_r"]) else "undefined (every success rate is the same)"
     lines += ["", f"Success rates: Pearson r = {r_text}, MMRV = {result['mmrv']:.3f} "
               f"(bar: r >= 0.9 over at least 8 policies: {'met' if result['bar_met'] else 'not met'}). "

@@ -49,7 +49,7 @@ def collect_world_model(profile, model: str | Path, out: str | Path, episodes: i
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    world = WorldModel.load(model, threads=threads)
+    world = WorldModel.load(model, threads=threads, max_command_step=profile.max_joint_step())
     if world.joint_dim != profile.joints.count:
         raise ValueError(f"model {model} predicts {world.joint_dim} joints, profile {profile.name} has {profile.joints.count}")
     camera, topics = profile.camera, profile.topics

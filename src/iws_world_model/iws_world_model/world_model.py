@@ -52,7 +52,8 @@ def upscale(image: np.ndarray, height: int, width: int | None = None) -> np.ndar
 
 class WorldModel:
     def __init__(self, network: WorldModelNetwork, normalization: dict, meta: dict | None = None,
-                 device: str | torch.device = "cpu", decode_steps: int | None = None, streaming: bool | None = None):
+                 device: str | torch.device = "cpu", decode_steps: int | None = None, streaming: bool | None = None,
+                 max_command_step=None):
         self.device = torch.device(device)
         self.network = network.to(self.device).eval()
         self.config: ModelConfig = network.config
@@ -64,6 +65,11 @@ class WorldModel:
         self.joint_names = list(normalization.get("joint_names", []))
         self.decode_steps = decode_steps or self.config.decode_steps
         self.streaming = self.config.streaming if streaming is None else streaming
+        # Per joint, the farthest a command may lead the arm's joints in one step (the drive's velocity
+        # limit times the control period; None: commands pass unchanged). A real drive cannot follow
+        # faster, and the model saw few larger leads: a Diffusion Policy's command jumps past them made
+        # it lose the T within 1-3 s, limited it kept it through 150 steps (docs/results/README.md).
+        self.max_command_step = None if max_command_step is None else np.asarray(max_command_step, np.float32)
         self._batched = False
         self._generator = torch.Generator(self.device)
         self.latent: torch.Tensor | None = None
@@ -174,12 +180,20 @@ class WorldModel:
         else:
             self._history, self._history_actions = latents[:, -window:], leading[:, -window:]
 
+    def limit_command(self, action):
+        """The command moved to within ``max_command_step`` of the current joints, as a drive limits it."""
+        if self.max_command_step is None:
+            return action
+        joints = self.joint_positions.cpu().numpy()
+        joints = joints if self._batched else joints[0]
+        return joints + np.clip(np.asarray(action, np.float32) - joints, -self.max_command_step, self.max_command_step)
+
     @torch.inference_mode()
     def step(self, action):
         """Advance every world by one control step; returns (image uint8, joints float32)."""
         if self.latent is None:
             raise RuntimeError("call reset() before step()")
-        a = self.normalize_actions(action)
+        a = self.normalize_actions(self.limit_command(action))
         a = a if self._batched else a[None]
         n = a.shape[0]
         target = self._target_frame(n)

@@ -71,7 +71,8 @@ class WorldModelNode(SimulatorNode):
         torch.set_num_threads(threads)
         torch.set_num_interop_threads(1)
         decode_steps = int(self.get_parameter("decode_steps").value) or None
-        self.world = WorldModel.load(self.model_path, threads=threads, decode_steps=decode_steps)
+        self.world = WorldModel.load(self.model_path, threads=threads, decode_steps=decode_steps,
+                                     max_command_step=self.profile.max_joint_step())
         self._upscale = upscale
         if self.world.joint_dim != self.profile.joints.count:
             raise ValueError(f"model {self.model_path} predicts {self.world.joint_dim} joints, "
