@@ -236,6 +236,7 @@ def test_policy_node_drives_a_backend_it_does_not_know(tiny_policy, domain_id, s
 
 def test_experiment_reports_from_cached_evaluations(tmp_path):
     """The reports' statistics and plots, from evaluations already on disk (as a rerun resumes)."""
+    from iws_policy.evaluate import LOST_FRAMES
     from iws_policy.experiments import correlation, datamix, mmrv, pearson
 
     assert mmrv([0.1, 0.5, 0.9], [0.2, 0.4, 0.8]) == 0.0 and mmrv([0.9, 0.5, 0.1], [0.2, 0.4, 0.8]) > 0.5
@@ -245,7 +246,8 @@ def test_experiment_reports_from_cached_evaluations(tmp_path):
         for backend, rate in (("reference", real), ("world_model", sim)):
             d = tmp_path / "corr" / f"{backend}_{name}"
             d.mkdir(parents=True)
-            (d / "evaluation.json").write_text(json.dumps({"episodes": 4, "steps": 9, "seed": 1, "success_rate": rate,
+            (d / "evaluation.json").write_text(json.dumps({"episodes": 4, "steps": 9, "seed": 1, "lost_frames_rule": LOST_FRAMES,
+                                                           "success_rate": rate,
                                                            "ci95": [0, 1], "seconds": 1.0, "truth_success_rate": rate,
                                                            "per_episode": [{"pixel_best_score": rate / 2}]}))
     result = correlation({n: f"/ckpt/{n}" for n in rates}, tmp_path / "corr", 4, 9, 1, None)
@@ -256,4 +258,5 @@ def test_experiment_reports_from_cached_evaluations(tmp_path):
     shutil.copytree(tmp_path / "corr", tmp_path / "mix")
     mix = datamix({"a": "/ckpt/a", "c": "/ckpt/c"}, {"a": 0.0, "c": 1.0}, tmp_path / "mix", 4, 9, 1)
     assert mix["wm_over_real"] == pytest.approx(0.1 / 0.8) and not mix["bar_met"]
+    assert mix["wm_over_real_coverage"] == pytest.approx(0.1 / 0.8)
     assert (tmp_path / "mix" / "datamix.png").is_file()
