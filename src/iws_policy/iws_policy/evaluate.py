@@ -14,9 +14,10 @@ policy acts on the newest frame, its command is acknowledged by the backend, the
 Success comes from the camera image alone (``iws_reference_robot.scoring.PixelScorer``, the same
 function on both backends): an episode succeeds when any of its frames is scored a success (the
 Diffusion Policy push-T convention of maximum coverage), up to the frame where the object was lost:
-not found in ``LOST_FRAMES`` frames in a row. On the reference robot that never happened (0 of
-4,000 frames of 20 expert episodes had the T unfound); a world model that smeared the T away under
-a policy's commands was seen to paint it back later at the goal, which is no success. On the reference robot the ground truth
+not found in ``LOST_FRAMES`` frames in a row. On the reference robot that is rare (no T unfound in
+4,000 frames of 20 expert episodes; 1 of 200 policy episodes on 2026-12-03); a world model that
+smeared the T away under a policy's commands was seen to paint it back later at the goal, which is
+no success. On the reference robot the ground truth
 (TaskState) is reported beside it. The rate has a Wilson 95 % interval. Writes ``OUT/evaluation.json``
 and MP4s of the first ``--videos`` episodes.
 """
