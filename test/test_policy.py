@@ -180,6 +180,8 @@ def test_policy_sees_through_a_frozen_world_model_encoder(tiny_world_model, tmp_
     command = PolicyRunner(policy).act(np.zeros((96, 96, 3), np.uint8), np.zeros(3))
     assert command.shape == (3,) and np.all(np.isfinite(command))
 
+    mismatched = train("--resume", "--steps", "14")  # the run used --image-encoder; without it the weights differ
+    assert mismatched.returncode == 1 and "--image-encoder" in mismatched.stderr and "Traceback" not in mismatched.stderr
     broken = train("--image-encoder", str(tmp_path / "no_such_model"))
     assert broken.returncode == 1 and "--image-encoder" in broken.stderr and "Traceback" not in broken.stderr
 

@@ -188,7 +188,11 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
     state_path = out / STATE_FILE
     if resume and state_path.is_file():
         state = torch.load(state_path, weights_only=False)
-        policy.load_state_dict(state["model"])
+        try:
+            policy.load_state_dict(state["model"])
+        except RuntimeError as exc:
+            raise ValueError(f"--resume: {state_path} was trained with other options (e.g. --image-encoder); "
+                             f"pass the same ones ({str(exc)[:200]})") from exc
         averaged.load_state_dict(state.get("ema", state["model"]))
         optimizer.load_state_dict(state["optimizer"])
         rng.bit_generator.state = state["rng"]
