@@ -141,7 +141,7 @@ class LatentEncoder(nn.Module):
         # on a constant (a spatial softmax on the raw latent kept uniform attention).
         self.register_buffer("latent_mean", torch.zeros(size, size, world.latent_channels))
         self.register_buffer("latent_std", torch.ones(world.latent_channels))
-        self.downsample = world.image_size // size
+        self.image_size, self.downsample = world.image_size, world.image_size // size
         self.head = nn.Sequential(nn.Conv2d(world.latent_channels, c, 3, padding=1), nn.GroupNorm(8, c), nn.Mish(),
                                   nn.Conv2d(c, c // 2, 3, stride=2, padding=1), nn.GroupNorm(8, c // 2), nn.Mish())
         half = (size + 1) // 2
@@ -151,7 +151,9 @@ class LatentEncoder(nn.Module):
     @torch.no_grad()
     def latents(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 (B, H, W, 3) -> the frozen encoder's latent, channels last (B, h, w, C)."""
-        x = images.permute(0, 3, 1, 2).float() / 127.5 - 1.0
+        from iws_world_model.world_model import images_to_tensor  # the world model's own preprocessing
+
+        x = images_to_tensor(images, self.image_size, images.device)
         return self.pretrained(x).permute(0, 2, 3, 1).contiguous()
 
     def set_statistics(self, latents: torch.Tensor) -> None:

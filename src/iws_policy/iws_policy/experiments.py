@@ -177,6 +177,8 @@ def correlation(policies: dict[str, str], out: Path, episodes: int, steps: int, 
 
 
 def _correlation_report(rows, planned, out, episodes, steps, seed, model) -> dict:
+    from iws_policy.evaluate import LOST_FRAMES
+
     x, y = [r["world_model"] for r in rows], [r["reference"] for r in rows]
     cx, cy = [r["world_model_coverage"] for r in rows], [r["reference_coverage"] for r in rows]
     result = {"experiment": "correlation", "episodes": episodes, "steps": steps, "seed": seed, "model": model,
@@ -204,7 +206,7 @@ def _correlation_report(rows, planned, out, episodes, steps, seed, model) -> dic
     lines = ["# Experiment b: success in the world model against success on the reference robot", "",
              f"Each policy on both backends from the same initial states (seeds {seed}..{seed + episodes - 1}), "
              f"{episodes} episodes of {steps} steps each; world model: {model or 'models/push_t'}. "
-             "Success counts frames until the T goes unfound for 5 frames in a row (rare on the reference robot). "
+             f"Success counts frames until the T goes unfound for {LOST_FRAMES} frames in a row (rare on the reference robot). "
              f"{len(rows)} of {planned} planned policies evaluated.", "",
              "| policy | success: world model | success: reference | coverage: world model | coverage: reference | "
              "world model lost the T | world-model success counting frames after the loss | eval s (both) |",

@@ -133,20 +133,12 @@ def learning_rate(step: int, steps: int, peak: float, warmup: float = 0.05) -> f
 
 def world_model_encoder(checkpoint: str | Path) -> tuple[dict, dict]:
     """A world model checkpoint's encoder weights and model config (for ``--image-encoder``)."""
-    from safetensors.torch import load_file
-
-    from iws_world_model.checkpoint import WEIGHTS, CheckpointError, read_meta
+    from iws_world_model.checkpoint import CheckpointError, load
     try:
-        meta = read_meta(checkpoint)
-        state = load_file(str(Path(checkpoint) / WEIGHTS))
+        network, meta = load(checkpoint)
     except CheckpointError as exc:
         raise ValueError(f"--image-encoder: {exc}") from exc
-    except Exception as exc:  # safetensors' own error types
-        raise ValueError(f"--image-encoder {checkpoint}: unreadable weights: {exc}") from exc
-    weights = {k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")}
-    if not weights:
-        raise ValueError(f"--image-encoder {checkpoint}: no encoder weights")
-    return weights, meta["model"]
+    return network.encoder.state_dict(), meta["model"]
 
 
 def ema_decay(step: int, ceiling: float) -> float:
@@ -182,6 +174,7 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
         policy.encoder.set_statistics(torch.from_numpy(demos.images))
     averaged = copy.deepcopy(policy).requires_grad_(False)  # what checkpoints hold
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr, weight_decay=1e-6)
+    averaged_params, params = list(averaged.parameters()), list(policy.parameters())
     rng = np.random.default_rng(seed)
     step, losses, started = 0, [], time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -223,7 +216,6 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
             optimizer.step()
             with torch.no_grad():
                 decay = ema_decay(step, ema)
-                averaged_params, params = list(averaged.parameters()), list(policy.parameters())
                 torch._foreach_mul_(averaged_params, decay)
                 torch._foreach_add_(averaged_params, params, alpha=1.0 - decay)
             losses.append(float(loss))
