@@ -186,6 +186,32 @@ def test_policy_sees_through_a_frozen_world_model_encoder(tiny_world_model, tmp_
     assert broken.returncode == 1 and "--image-encoder" in broken.stderr and "Traceback" not in broken.stderr
 
 
+def test_successful_only_keeps_the_episodes_that_ended_in_success(tiny_world_model, tmp_path):
+    import shutil
+    from iws_policy.train import DemoSet
+    dataset = tmp_path / "dataset"
+    shutil.copytree(tiny_world_model.parent / "dataset", dataset)
+    meta = json.loads((dataset / "meta.json").read_text())
+    train_episodes = [e for e in meta["episodes"] if e["split"] == "train"]
+    for e in meta["episodes"]:
+        e["success"] = False
+    train_episodes[1]["success"] = True
+    (dataset / "meta.json").write_text(json.dumps(meta))
+    config = PolicyConfig(image_size=32)
+    demos = DemoSet([(str(dataset), 1)], config, successful_only=True)
+    assert demos.lengths.tolist() == [train_episodes[1]["length"]]
+    assert demos.used == [{"data": str(dataset), "episodes": 1, "successful_only": True}]
+    with pytest.raises(ValueError, match="1 successful episodes"):
+        DemoSet([(str(dataset), 2)], config, successful_only=True)
+
+    train_episodes[1]["success"] = False
+    (dataset / "meta.json").write_text(json.dumps(meta))
+    result = subprocess.run([sys.executable, "-m", "iws_bringup.cli", "policy", "train", "--data", str(dataset),
+                             "--out", str(tmp_path / "out"), "--steps", "2", "--successful-only"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1 and "no successful episodes" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_synthetic_demos_inside_the_world_model_build_a_dataset(tiny_world_model, tmp_path):
     bags = tmp_path / "demos_wm"
     run = lambda: subprocess.run([sys.executable, "-m", "iws_bringup.cli", "collect", "--backend", "world_model",

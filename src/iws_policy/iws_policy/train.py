@@ -7,7 +7,9 @@
 Samples (obs window, action chunk) pairs from every episode of the train split: frames t-1..t
 (repeating the first frame at an episode start) and commands t..t+15 (repeating the last one at
 its end). With several ``--data``, ``--episodes`` episodes are drawn from them in the given
-``--fraction``s (the data-mix experiments). Checkpoints (safetensors + config.json) every
+``--fraction``s (the data-mix experiments); ``--successful-only`` keeps only the episodes that ended in success, as
+demonstrations are curated (a scripted expert's failures are mostly an arm stuck at the workspace
+edge, which a policy then learns too). Checkpoints (safetensors + config.json) every
 ``--save-every`` steps and at the end (``--snapshot-every`` keeps copies in ``OUT/step_NNNNNN``);
 ``--resume`` continues from ``OUT/train_state.pt``. Images get a random shift of up to ``--shift``
 pixels, and the checkpoint holds an exponential moving average of the weights (``--ema``), as
@@ -33,7 +35,8 @@ STATE_FILE = "train_state.pt"
 class DemoSet:
     """Demonstration frames gathered into memory at the policy's image size."""
 
-    def __init__(self, sources: list[tuple[str, int]], config: PolicyConfig, seed: int = 0):
+    def __init__(self, sources: list[tuple[str, int]], config: PolicyConfig, seed: int = 0,
+                 successful_only: bool = False):
         import torch
         import torch.nn.functional as F
 
@@ -49,8 +52,11 @@ class DemoSet:
             elif dataset.joint_names != joint_names:
                 raise ValueError(f"{path}: joints {dataset.joint_names} differ from {joint_names}")
             episodes = dataset.split("train")
+            if successful_only:
+                episodes = [e for e in episodes if e.success]
             if count > len(episodes):
-                raise ValueError(f"{path}: {count} episodes requested, its train split has {len(episodes)}")
+                kind = "successful episodes" if successful_only else "episodes"
+                raise ValueError(f"{path}: {count} episodes requested, its train split has {len(episodes)} {kind}")
             chosen = sorted(rng.choice(len(episodes), size=count, replace=False)) if count < len(episodes) else range(len(episodes))
             for i in chosen:
                 e = episodes[i]
@@ -63,7 +69,7 @@ class DemoSet:
                 starts.append(offset)
                 lengths.append(e.length)
                 offset += e.length
-            used.append({"data": str(path), "episodes": len(chosen)})
+            used.append({"data": str(path), "episodes": len(chosen), "successful_only": successful_only})
         if not images:
             raise ValueError("no training episodes")
         self.images, self.joints = np.concatenate(images), np.concatenate(joints)
@@ -149,7 +155,7 @@ def ema_decay(step: int, ceiling: float) -> float:
 def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: int = 32, lr: float = 3e-4,
           seed: int = 0, save_every: int = 500, resume: bool = False, config: PolicyConfig | None = None,
           progress: bool = True, snapshot_every: int = 0, shift: int = 4, ema: float = 0.999,
-          image_encoder: str | Path | None = None) -> dict:
+          image_encoder: str | Path | None = None, successful_only: bool = False) -> dict:
     import torch
     from tqdm import tqdm
 
@@ -159,7 +165,7 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
     if image_encoder is not None:
         encoder_weights, config.world_model_config = world_model_encoder(image_encoder)
         config.image_encoder, config.image_size = "world_model", int(config.world_model_config["image_size"])
-    demos = DemoSet(sources, config, seed)
+    demos = DemoSet(sources, config, seed, successful_only)
     config.joints = demos.joints.shape[1]
     config.joint_names, config.control_rate_hz = list(demos.joint_names), demos.control_rate_hz
     margin = lambda lo, hi: (lo - 0.02 * (hi - lo + 1e-3), hi + 0.02 * (hi - lo + 1e-3))
@@ -245,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shift", type=int, default=4, help="random-shift augmentation of the images, pixels (0: off)")
     parser.add_argument("--image-encoder", metavar="WORLD_MODEL",
                         help="see through this world model's frozen encoder (e.g. models/push_t) instead of training a CNN")
+    parser.add_argument("--successful-only", action="store_true",
+                        help="train on the episodes that ended in success only (as demonstrations are curated)")
     parser.add_argument("--ema", type=float, default=0.999, help="weight averaging decay (0: checkpoints hold the raw weights)")
     parser.add_argument("--save-every", type=int, default=500)
     parser.add_argument("--snapshot-every", type=int, default=0,
@@ -260,16 +268,21 @@ def main(argv: list[str] | None = None) -> int:
     from iws_data.dataset import Dataset, DatasetError
     try:
         if args.episodes is None:
-            counts = [len(Dataset(d).split("train")) for d in args.data]
+            counts = [sum(1 for e in Dataset(d).split("train") if e.success or not args.successful_only)
+                      for d in args.data]
         else:
             total = sum(fractions)
             counts = [round(args.episodes * f / total) for f in fractions]
         if args.threads:
             import torch
             torch.set_num_threads(args.threads)
+        if sum(counts) == 0:
+            raise ValueError("no " + ("successful " if args.successful_only else "") + "episodes in the train split of "
+                             + ", ".join(args.data))
         result = train([(d, c) for d, c in zip(args.data, counts) if c > 0], args.out, args.steps, args.batch, args.lr,
                        args.seed, args.save_every, args.resume, snapshot_every=args.snapshot_every,
-                       shift=args.shift, ema=args.ema, image_encoder=args.image_encoder)
+                       shift=args.shift, ema=args.ema, image_encoder=args.image_encoder,
+                       successful_only=args.successful_only)
     except (DatasetError, ValueError) as exc:
         print(f"iws policy train: error: {exc}", file=sys.stderr)
         return 1
