@@ -86,6 +86,16 @@ def test_policy_shapes_save_load_and_corrupt_checkpoints(tmp_path):
     runner = PolicyRunner(again)
     commands = [runner.act(np.zeros((96, 96, 3), np.uint8), np.zeros(3)) for _ in range(config.action_horizon + 1)]
     assert all(c.shape == (3,) and np.all(np.isfinite(c)) for c in commands)
+    plans = []
+    predict = again.predict
+    again.predict = lambda *a, **k: plans.append(1) or predict(*a, **k)
+    runner = PolicyRunner(again, action_horizon=2)  # a run-time choice: re-plan every 2 commands
+    for _ in range(5):
+        runner.act(np.zeros((96, 96, 3), np.uint8), np.zeros(3))
+    assert len(plans) == 3
+    for bad in (0, config.pred_horizon + 1):
+        with pytest.raises(ValueError, match="action horizon"):
+            PolicyRunner(again, action_horizon=bad)
 
     (tmp_path / "p" / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(PolicyCheckpointError, match="corrupt weights"):
@@ -262,7 +272,7 @@ def test_policy_node_drives_a_backend_it_does_not_know(tiny_policy, domain_id, s
         assert policy.stop() in (0, -2), policy.output()[-2000:]
 
 
-def test_experiment_reports_from_cached_evaluations(tmp_path):
+def test_experiment_reports_from_cached_evaluations(tmp_path, monkeypatch):
     """The reports' statistics and plots, from evaluations already on disk (as a rerun resumes)."""
     from iws_policy.evaluate import LOST_FRAMES
     from iws_policy.experiments import correlation, datamix, mmrv, pearson
@@ -288,3 +298,11 @@ def test_experiment_reports_from_cached_evaluations(tmp_path):
     assert mix["wm_over_real"] == pytest.approx(0.1 / 0.8) and not mix["bar_met"]
     assert mix["wm_over_real_coverage"] == pytest.approx(0.1 / 0.8)
     assert (tmp_path / "mix" / "datamix.png").is_file()
+
+    import iws_policy.evaluate as evaluate_module
+    from iws_policy.experiments import evaluation
+    reruns = []
+    monkeypatch.setattr(evaluate_module, "evaluate", lambda *a, **k: reruns.append(k["action_horizon"]) or {})
+    evaluation("/ckpt/a", "reference", tmp_path / "mix" / "reference_a", 4, 9, 1, None)  # cached, the checkpoint's horizon
+    evaluation("/ckpt/a", "reference", tmp_path / "mix" / "reference_a", 4, 9, 1, None, action_horizon=2)
+    assert reruns == [2], "an evaluation with another action horizon is not the cached one"

@@ -350,11 +350,18 @@ def load_policy(directory: str | Path) -> DiffusionPolicy:
 
 class PolicyRunner:
     """Observation history in, one joint command per control step out: predicts a chunk, executes
-    its first ``action_horizon`` commands, then re-plans (receding horizon)."""
+    its first ``action_horizon`` commands, then re-plans (receding horizon).
 
-    def __init__(self, policy: DiffusionPolicy, seed: int = 0):
+    ``action_horizon`` is a run-time choice (Diffusion Policy's n_action_steps): None takes the
+    checkpoint's; fewer commands per plan re-plan more often from fresher images."""
+
+    def __init__(self, policy: DiffusionPolicy, seed: int = 0, action_horizon: int | None = None):
         self.policy = policy
         self.config = policy.config
+        self.action_horizon = self.config.action_horizon if action_horizon is None else int(action_horizon)
+        if not 1 <= self.action_horizon <= self.config.pred_horizon:
+            raise ValueError(f"action horizon {action_horizon} outside 1..{self.config.pred_horizon} "
+                             "(the policy's predicted chunk)")
         self.generator = torch.Generator().manual_seed(seed)
         self.reset()
 
@@ -382,5 +389,5 @@ class PolicyRunner:
             chunk = self.policy.predict(torch.from_numpy(images)[None], torch.from_numpy(joints)[None],
                                         generator=self.generator)[0].numpy()
             # chunk[0] is the command for the current frame (actions[i] acts from frame i on).
-            self.plan = list(chunk[: self.config.action_horizon])
+            self.plan = list(chunk[: self.action_horizon])
         return self.plan.pop(0).astype(np.float64)

@@ -185,7 +185,7 @@ class BackendSession:
 
 def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: int = 10_000, robot: str = "reference_arm",
              model: str | None = None, videos: int = 0, out: Path | None = None, progress: bool = True,
-             threads: int = 1) -> dict:
+             threads: int = 1, action_horizon: int | None = None) -> dict:
     import torch
     from tqdm import tqdm
 
@@ -195,6 +195,9 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
     from iws_reference_robot.sim import ReferenceSim, start_window
 
     torch.set_num_threads(threads)  # the backend process needs the other core
+    from iws_common.profile import load_profile
+    # A bad checkpoint or horizon fails here, before a backend starts.
+    horizon = getattr(make_runner(policy, load_profile(robot), action_horizon=action_horizon), "action_horizon", None)
     out = Path(out or tempfile.mkdtemp(prefix="iws_evaluate_"))
     out.mkdir(parents=True, exist_ok=True)
     session = BackendSession(backend, robot, model, out)
@@ -210,7 +213,7 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
             window_frames = int(read_meta(model or _default_model())["model"]["window"])
         for k in tqdm(range(episodes), desc=f"evaluate on {backend}", disable=not progress, dynamic_ncols=True):
             episode_seed = seed + k
-            runner = make_runner(policy, profile, seed=episode_seed)
+            runner = make_runner(policy, profile, seed=episode_seed, action_horizon=action_horizon)
             window = start_window(scene, episode_seed, window_frames) if scene is not None else None
             stamp = session.reset(episode_seed, window)
             frames, scores, found, truth = [], [], [], []
@@ -247,7 +250,8 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
     successes = sum(r["success"] for r in rows)
     low, high = wilson_interval(successes, len(rows))
     result = {"policy": policy, "backend": backend, "model": model if backend == "world_model" else None,
-              "episodes": len(rows), "steps": steps, "seed": seed, "success_rate": successes / max(len(rows), 1),
+              "episodes": len(rows), "steps": steps, "seed": seed, "action_horizon": horizon,
+              "success_rate": successes / max(len(rows), 1),
               "ci95": [low, high], "lost_frames_rule": LOST_FRAMES,
               "object_lost_rate": sum(r["object_lost_at"] is not None for r in rows) / max(len(rows), 1),
               "success_rate_ignoring_loss": sum(r["pixel_best_score_any_frame"] >= scorer.threshold for r in rows) / max(len(rows), 1),
@@ -283,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="world model checkpoint (default: the shipped models/push_t)")
     parser.add_argument("--robot", default="reference_arm")
     parser.add_argument("--videos", type=int, default=0, help="MP4s of the first N episodes")
+    parser.add_argument("--action-horizon", type=int, help="commands executed per predicted chunk (default: the checkpoint's)")
     parser.add_argument("--out", type=Path, help="directory for evaluation.json, videos and logs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -292,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_sigterm()
     try:
         result = evaluate(args.policy, args.backend, args.episodes, args.steps, args.seed, args.robot, args.model,
-                          args.videos, args.out, progress=not args.json)
+                          args.videos, args.out, progress=not args.json, action_horizon=args.action_horizon)
     except (EvaluationError, PolicyCheckpointError, ValueError) as exc:
         print(f"iws evaluate: {exc}", file=sys.stderr)
         return 1

@@ -38,17 +38,30 @@ def parse_named(items: list[str], what: str) -> dict[str, str]:
     return named
 
 
-def evaluation(policy: str, backend: str, out: Path, episodes: int, steps: int, seed: int, model: str | None) -> dict:
-    """`iws evaluate` into ``out``, or its earlier result when it matches."""
+def checkpoint_action_horizon(policy: str) -> int | None:
+    """The commands per chunk a checkpoint was trained to execute (None for 'expert' or unreadable)."""
+    try:
+        return int(json.loads((Path(policy) / "config.json").read_text())["policy"]["action_horizon"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def evaluation(policy: str, backend: str, out: Path, episodes: int, steps: int, seed: int, model: str | None,
+               action_horizon: int | None = None) -> dict:
+    """`iws evaluate` into ``out``, or its earlier result when it matches (``action_horizon`` None: the
+    checkpoint's own, which evaluations from before the option used)."""
     from iws_policy.evaluate import LOST_FRAMES, evaluate
 
     cached = out / "evaluation.json"
     if cached.is_file():
         result = json.loads(cached.read_text())
-        if (result.get("episodes"), result.get("steps"), result.get("seed"), result.get("lost_frames_rule")) == \
-                (episodes, steps, seed, LOST_FRAMES):
+        own = checkpoint_action_horizon(policy)
+        same_horizon = (result.get("action_horizon") or own) == (action_horizon or own)
+        if same_horizon and (result.get("episodes"), result.get("steps"), result.get("seed"),
+                             result.get("lost_frames_rule")) == (episodes, steps, seed, LOST_FRAMES):
             return result
-    return evaluate(policy, backend, episodes, steps, seed, model=model, videos=2, out=out, progress=True)
+    return evaluate(policy, backend, episodes, steps, seed, model=model, videos=2, out=out, progress=True,
+                    action_horizon=action_horizon)
 
 
 def mean_best_coverage(result: dict) -> float:
@@ -111,11 +124,11 @@ def _train_info(checkpoint: str) -> dict:
 
 
 def datamix(policies: dict[str, str], wm_fraction: dict[str, float], out: Path, episodes: int, steps: int,
-            seed: int) -> dict:
+            seed: int, action_horizon: int | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, checkpoint in policies.items():
-        r = evaluation(checkpoint, "reference", out / f"reference_{name}", episodes, steps, seed, None)
+        r = evaluation(checkpoint, "reference", out / f"reference_{name}", episodes, steps, seed, None, action_horizon)
         rows.append({"name": name, "checkpoint": checkpoint, "wm_fraction": wm_fraction.get(name),
                      "success_rate": r["success_rate"], "ci95": r["ci95"], "truth_success_rate": r.get("truth_success_rate"),
                      "mean_best_coverage": mean_best_coverage(r),
@@ -124,7 +137,7 @@ def datamix(policies: dict[str, str], wm_fraction: dict[str, float], out: Path, 
     real, wm = by_fraction.get(0.0), by_fraction.get(1.0)
     ratio = wm["success_rate"] / real["success_rate"] if real and wm and real["success_rate"] > 0 else None
     coverage_ratio = wm["mean_best_coverage"] / real["mean_best_coverage"] if real and wm and real["mean_best_coverage"] > 0 else None
-    result = {"experiment": "datamix", "episodes": episodes, "steps": steps, "seed": seed, "policies": rows,
+    result = {"experiment": "datamix", "episodes": episodes, "steps": steps, "seed": seed, "action_horizon": action_horizon, "policies": rows,
               "wm_over_real": ratio, "bar": 0.9, "bar_met": ratio is not None and ratio >= 0.9,
               "wm_over_real_coverage": coverage_ratio}
     ordered = sorted((r for r in rows if r["wm_fraction"] is not None), key=lambda r: r["wm_fraction"])
@@ -142,7 +155,8 @@ def datamix(policies: dict[str, str], wm_fraction: dict[str, float], out: Path, 
     (out / "datamix.json").write_text(json.dumps(_json(result), indent=1) + "\n")
     lines = ["# Experiment a: Diffusion Policy on real vs world-model demonstrations", "",
              f"Each policy evaluated on the reference robot, {episodes} episodes of {steps} steps from seeds "
-             f"{seed}..{seed + episodes - 1}; success from the pixel scorer (any frame at 0.92).", "",
+             f"{seed}..{seed + episodes - 1}; success from the pixel scorer (any frame at 0.92); "
+             f"{_horizon_text(action_horizon)}.", "",
              "| policy | world-model share | success | 95 % CI | ground truth | mean best coverage | training steps | training s | eval s |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -158,30 +172,37 @@ def datamix(policies: dict[str, str], wm_fraction: dict[str, float], out: Path, 
     return result
 
 
-def correlation(policies: dict[str, str], out: Path, episodes: int, steps: int, seed: int, model: str | None) -> dict:
+def correlation(policies: dict[str, str], out: Path, episodes: int, steps: int, seed: int, model: str | None,
+                action_horizon: int | None = None) -> dict:
     """Both backends per policy; the report is rewritten after each policy, so a run cut short
     still reports the policies it finished."""
     out.mkdir(parents=True, exist_ok=True)
     rows, result = [], {}
     for name, checkpoint in policies.items():
-        real = evaluation(checkpoint, "reference", out / f"reference_{name}", episodes, steps, seed, None)
-        sim = evaluation(checkpoint, "world_model", out / f"world_model_{name}", episodes, steps, seed, model)
+        real = evaluation(checkpoint, "reference", out / f"reference_{name}", episodes, steps, seed, None, action_horizon)
+        sim = evaluation(checkpoint, "world_model", out / f"world_model_{name}", episodes, steps, seed, model, action_horizon)
         rows.append({"name": name, "checkpoint": checkpoint, "reference": real["success_rate"],
                      "world_model": sim["success_rate"], "reference_ci95": real["ci95"], "world_model_ci95": sim["ci95"],
                      "reference_coverage": mean_best_coverage(real), "world_model_coverage": mean_best_coverage(sim),
                      "world_model_object_lost_rate": sim.get("object_lost_rate"),
                      "world_model_ignoring_loss": sim.get("success_rate_ignoring_loss"),
                      "eval_seconds": real["seconds"] + sim["seconds"], "training": _train_info(checkpoint)})
-        result = _correlation_report(rows, len(policies), out, episodes, steps, seed, model)
+        result = _correlation_report(rows, len(policies), out, episodes, steps, seed, model, action_horizon)
     return result
 
 
-def _correlation_report(rows, planned, out, episodes, steps, seed, model) -> dict:
+def _horizon_text(action_horizon: int | None) -> str:
+    return (f"each policy executed {action_horizon} commands per predicted chunk" if action_horizon
+            else "each policy executed its checkpoint's commands per chunk")
+
+
+def _correlation_report(rows, planned, out, episodes, steps, seed, model, action_horizon=None) -> dict:
     from iws_policy.evaluate import LOST_FRAMES
 
     x, y = [r["world_model"] for r in rows], [r["reference"] for r in rows]
     cx, cy = [r["world_model_coverage"] for r in rows], [r["reference_coverage"] for r in rows]
     result = {"experiment": "correlation", "episodes": episodes, "steps": steps, "seed": seed, "model": model,
+              "action_horizon": action_horizon,
               "policies_planned": planned, "policies": rows, "pearson_r": pearson(x, y), "mmrv": mmrv(x, y),
               "pearson_r_coverage": pearson(cx, cy), "mmrv_coverage": mmrv(cx, cy), "bar_pearson": 0.9}
     result["bar_met"] = bool(np.isfinite(result["pearson_r"]) and result["pearson_r"] >= 0.9 and len(rows) >= 8)
@@ -207,7 +228,7 @@ def _correlation_report(rows, planned, out, episodes, steps, seed, model) -> dic
              f"Each policy on both backends from the same initial states (seeds {seed}..{seed + episodes - 1}), "
              f"{episodes} episodes of {steps} steps each; world model: {model or 'models/push_t'}. "
              f"Success counts frames until the T goes unfound for {LOST_FRAMES} frames in a row (rare on the reference robot). "
-             f"{len(rows)} of {planned} planned policies evaluated.", "",
+             f"{len(rows)} of {planned} planned policies evaluated; {_horizon_text(action_horizon)}.", "",
              "| policy | success: world model | success: reference | coverage: world model | coverage: reference | "
              "world model lost the T | world-model success counting frames after the loss | eval s (both) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -232,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=20_000)
     parser.add_argument("--model", help="correlation: world model checkpoint (default: the shipped models/push_t)")
+    parser.add_argument("--action-horizon", type=int, help="commands executed per predicted chunk (default: each checkpoint's)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     from iws_policy.evaluate import stop_on_sigterm
@@ -241,9 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         if args.which == "datamix":
             fractions = {k: float(v) for k, v in parse_named(args.wm_fraction, "--wm-fraction").items()}
-            result = datamix(policies, fractions, args.out, args.episodes, args.steps, args.seed)
+            result = datamix(policies, fractions, args.out, args.episodes, args.steps, args.seed, args.action_horizon)
         else:
-            result = correlation(policies, args.out, args.episodes, args.steps, args.seed, args.model)
+            result = correlation(policies, args.out, args.episodes, args.steps, args.seed, args.model, args.action_horizon)
     except ValueError as exc:
         print(f"iws experiment: {exc}", file=sys.stderr)
         return 2

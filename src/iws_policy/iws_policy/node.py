@@ -16,8 +16,9 @@ import sys
 import numpy as np
 
 
-def make_runner(checkpoint: str, profile, seed: int = 0):
-    """``act(image, joints) -> command or None`` for a checkpoint directory, or 'expert'."""
+def make_runner(checkpoint: str, profile, seed: int = 0, action_horizon: int | None = None):
+    """``act(image, joints) -> command or None`` for a checkpoint directory, or 'expert'
+    (``action_horizon``: commands executed per predicted chunk, None for the checkpoint's)."""
     if checkpoint == "expert":
         from iws_reference_robot.pixel_expert import PushTExpertPolicy
         return PushTExpertPolicy(profile, seed=seed)
@@ -29,10 +30,10 @@ def make_runner(checkpoint: str, profile, seed: int = 0):
     if policy.config.joint_names and list(policy.config.joint_names) != list(profile.joints.names):
         raise ValueError(f"policy {checkpoint} was trained on joints {policy.config.joint_names}, "
                          f"profile {profile.name} names {list(profile.joints.names)}")
-    return PolicyRunner(policy, seed=seed)
+    return PolicyRunner(policy, seed=seed, action_horizon=action_horizon)
 
 
-def make_policy_node(profile, checkpoint: str, seed: int = 0, context=None):
+def make_policy_node(profile, checkpoint: str, seed: int = 0, context=None, action_horizon: int | None = None):
     from rclpy.node import Node
     from sensor_msgs.msg import Image, JointState
     from std_msgs.msg import Float64MultiArray, Header
@@ -43,7 +44,7 @@ def make_policy_node(profile, checkpoint: str, seed: int = 0, context=None):
     class PolicyNode(Node):
         def __init__(self):
             super().__init__("policy", context=context)
-            self.runner = make_runner(checkpoint, profile, seed)
+            self.runner = make_runner(checkpoint, profile, seed, action_horizon)
             self.joint_positions = None
             self.commands_sent = 0
             topics = profile.topics
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--robot", default="reference_arm")
     parser.add_argument("--namespace", default="", help="read and command a namespaced robot (A/B: /real or /sim)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--action-horizon", type=int, help="commands executed per predicted chunk (default: the checkpoint's)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args(argv)
 
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     rclpy.init()
     try:
-        node = make_policy_node(profile, args.checkpoint, args.seed)
+        node = make_policy_node(profile, args.checkpoint, args.seed, action_horizon=args.action_horizon)
     except Exception as exc:  # a missing or corrupt checkpoint: one line, exit 1
         print(f"iws up policy: cannot start: {exc}", file=sys.stderr)
         rclpy.try_shutdown()
