@@ -284,7 +284,7 @@ def test_experiment_reports_from_cached_evaluations(tmp_path, monkeypatch):
         for backend, rate in (("reference", real), ("world_model", sim)):
             d = tmp_path / "corr" / f"{backend}_{name}"
             d.mkdir(parents=True)
-            (d / "evaluation.json").write_text(json.dumps({"episodes": 4, "steps": 9, "seed": 1, "lost_frames_rule": LOST_FRAMES,
+            (d / "evaluation.json").write_text(json.dumps({"policy": f"/ckpt/{name}", "episodes": 4, "steps": 9, "seed": 1, "lost_frames_rule": LOST_FRAMES,
                                                            "success_rate": rate,
                                                            "ci95": [0, 1], "seconds": 1.0, "truth_success_rate": rate,
                                                            "per_episode": [{"pixel_best_score": rate / 2}]}))
@@ -305,4 +305,5 @@ def test_experiment_reports_from_cached_evaluations(tmp_path, monkeypatch):
     monkeypatch.setattr(evaluate_module, "evaluate", lambda *a, **k: reruns.append(k["action_horizon"]) or {})
     evaluation("/ckpt/a", "reference", tmp_path / "mix" / "reference_a", 4, 9, 1, None)  # cached, the checkpoint's horizon
     evaluation("/ckpt/a", "reference", tmp_path / "mix" / "reference_a", 4, 9, 1, None, action_horizon=2)
-    assert reruns == [2], "an evaluation with another action horizon is not the cached one"
+    evaluation("/ckpt/other", "reference", tmp_path / "mix" / "reference_a", 4, 9, 1, None)
+    assert reruns == [2, None], "an evaluation with another action horizon or checkpoint is not the cached one"

@@ -48,8 +48,9 @@ def checkpoint_action_horizon(policy: str) -> int | None:
 
 def evaluation(policy: str, backend: str, out: Path, episodes: int, steps: int, seed: int, model: str | None,
                action_horizon: int | None = None) -> dict:
-    """`iws evaluate` into ``out``, or its earlier result when it matches (``action_horizon`` None: the
-    checkpoint's own, which evaluations from before the option used)."""
+    """`iws evaluate` into ``out``, or its earlier result when it matches: the same checkpoint path,
+    episodes, steps, seeds, loss rule and action horizon (None: the checkpoint's own, which
+    evaluations from before the option used)."""
     from iws_policy.evaluate import LOST_FRAMES, evaluate
 
     cached = out / "evaluation.json"
@@ -57,8 +58,8 @@ def evaluation(policy: str, backend: str, out: Path, episodes: int, steps: int, 
         result = json.loads(cached.read_text())
         own = checkpoint_action_horizon(policy)
         same_horizon = (result.get("action_horizon") or own) == (action_horizon or own)
-        if same_horizon and (result.get("episodes"), result.get("steps"), result.get("seed"),
-                             result.get("lost_frames_rule")) == (episodes, steps, seed, LOST_FRAMES):
+        if same_horizon and (result.get("policy"), result.get("episodes"), result.get("steps"), result.get("seed"),
+                             result.get("lost_frames_rule")) == (policy, episodes, steps, seed, LOST_FRAMES):
             return result
     return evaluate(policy, backend, episodes, steps, seed, model=model, videos=2, out=out, progress=True,
                     action_horizon=action_horizon)
