@@ -165,7 +165,13 @@ def datamix(policies: dict[str, str], wm_fraction: dict[str, float], out: Path, 
         lines.append(f"| {r['name']} | {r['wm_fraction']} | {r['success_rate']:.2f} | {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f} | "
                      f"{r['truth_success_rate']:.2f} | {r['mean_best_coverage']:.3f} | {t.get('trained_steps')} | {round(t.get('train_seconds') or 0)} | "
                      f"{r['eval_seconds']:.0f} |")
-    lines += ["", f"World-model-only / real-only success: {'undefined (the real-only policy never succeeded)' if ratio is None else round(ratio, 3)} (bar 0.9: "
+    if ratio is not None:
+        ratio_text = str(round(ratio, 3))
+    elif real is None or wm is None:
+        ratio_text = "undefined (needs a real-only and a world-model-only policy)"
+    else:
+        ratio_text = "undefined (the real-only policy never succeeded)"
+    lines += ["", f"World-model-only / real-only success: {ratio_text} (bar 0.9: "
               f"{'met' if result['bar_met'] else 'not met'}).",
               "" if coverage_ratio is None else f"On mean best coverage (a graded score that separates policies when none succeeds): {coverage_ratio:.3f}.",
               "", "![datamix](datamix.png)", ""]
