@@ -22,6 +22,8 @@ from iws_common.profile import load_profile
 from iws_data.bags import BagReader
 from ros_harness import next_domain_id
 
+PROFILE = load_profile("reference_arm")
+
 PUBLISHER = textwrap.dedent('''
     """Publishes a profile's image, joint states, commands and episode events at ~20 Hz until SIGINT,
     then prints the count it sent per topic as JSON."""
@@ -149,3 +151,41 @@ def test_recorder_signal_mid_episode_keeps_every_message(tmp_path, stop_signal):
         _, _, data = next(reader.messages([profile.topics.image]))
     image = deserialize_message(bytes(data), Image)
     assert (image.width, image.height, image.encoding) == (96, 96, "rgb8")
+
+
+def test_recorder_stamps_a_late_callback_with_the_clock_at_arrival(tmp_path):
+    """A headerless command that arrived before the next /clock tick keeps that tick's predecessor
+    as its log time even when its callback runs after the tick's (a loaded recorder), and a real
+    /clock message over DDS comes with the middleware's reception time that this relies on."""
+    import rclpy
+    from builtin_interfaces.msg import Time
+    from rclpy.serialization import serialize_message
+    from rosgraph_msgs.msg import Clock
+    from std_msgs.msg import Float64MultiArray
+
+    from iws_common import qos
+    from iws_data.recorder import Recorder
+
+    rclpy.init(domain_id=next_domain_id())
+    try:
+        recorder = Recorder(PROFILE, tmp_path / "bag", ["position_command"], discovery_wait_s=0.0)
+        tick = lambda sec, received: recorder._on_clock(Clock(clock=Time(sec=sec)), {"source_timestamp": 0, "received_timestamp": received})
+        write = recorder._writer_for(PROFILE.topics.position_command)
+        command = serialize_message(Float64MultiArray(data=[0.1, 0.2, 0.3]))
+        tick(1, 100)
+        tick(2, 300)
+        write(command, {"source_timestamp": 0, "received_timestamp": 200})  # arrived between the ticks
+        write(command, {"source_timestamp": 0, "received_timestamp": 0})    # no reception time: the clock now
+        publisher = recorder.node.create_publisher(Clock, PROFILE.topics.clock, qos.CLOCK)
+        publisher.publish(Clock(clock=Time(sec=7)))
+        deadline = time.monotonic() + 10
+        while recorder.sim_time_ns != 7_000_000_000 and time.monotonic() < deadline:
+            rclpy.spin_once(recorder.node, timeout_sec=0.1)
+        path = recorder.close()
+        recorder.node.destroy_node()
+    finally:
+        rclpy.shutdown()
+    assert recorder.clock_values_ns[-1] == 7_000_000_000 and recorder.clock_received_ns[-1] > 300
+    with BagReader(path) as bag:
+        stamps = [t for _, t, _ in bag.messages([PROFILE.topics.position_command])]
+    assert stamps == [1_000_000_000, 2_000_000_000]

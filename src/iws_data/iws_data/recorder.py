@@ -5,7 +5,9 @@ subscribed best effort, which connects to reliable and best-effort publishers al
 else reliable; all with deep queues; episode events with transient-local durability so that events published just
 before the recorder started are not lost. Log time is the robot's clock: the latest /clock value
 once one has been seen (simulators, lockstep), else wall time, so a bag from a sim in lockstep
-lines up with the header stamps.
+lines up with the header stamps. "Latest" is by the middleware's reception time of each message,
+not by when its callback runs: a loaded recorder may run a command's callback after the next tick's
+/clock callback, and would stamp the command one period late.
 
 SIGINT and SIGTERM stop the recorder: it drains what is already queued, closes the bag (index and
 metadata.yaml) and exits 0, so every message received before the signal is in the bag.
@@ -19,6 +21,7 @@ and exits 1.
 from __future__ import annotations
 
 import argparse
+import bisect
 import signal
 import sys
 import threading
@@ -62,6 +65,10 @@ class Recorder:
         self.lock = threading.Lock()
         self.clock_mode = clock
         self.sim_time_ns: int | None = None
+        # /clock values by reception time (ns, the middleware's), to stamp headerless messages with
+        # the clock that was in force when they arrived.
+        self.clock_received_ns: list[int] = []
+        self.clock_values_ns: list[int] = []
         self.received = 0
         self.error: BagWriteError | None = None
         presets = {"IMAGE": recorder_qos(qos.IMAGE_SUBSCRIBER, IMAGE_QUEUE), "STATE": recorder_qos(qos.STATE, QUEUE),
@@ -94,19 +101,35 @@ class Recorder:
         infos = self.node.get_publishers_info_by_topic(topic)
         return bool(infos) and all(i.qos_profile.reliability == ReliabilityPolicy.RELIABLE for i in infos)
 
-    def _on_clock(self, msg) -> None:
-        self.sim_time_ns = msg.clock.sec * 1_000_000_000 + msg.clock.nanosec
+    CLOCK_HISTORY = 100_000  # /clock values kept for stamping (hours at 15 Hz)
 
-    def log_time_ns(self) -> int:
+    def _on_clock(self, msg, info) -> None:  # two parameters: rclpy then passes the MessageInfo
+        value = msg.clock.sec * 1_000_000_000 + msg.clock.nanosec
+        received = int(info["received_timestamp"]) if info else 0
+        with self.lock:
+            self.sim_time_ns = value
+            if received > 0 and (not self.clock_received_ns or received >= self.clock_received_ns[-1]):
+                self.clock_received_ns.append(received)
+                self.clock_values_ns.append(value)
+                if len(self.clock_received_ns) > 2 * self.CLOCK_HISTORY:
+                    del self.clock_received_ns[:self.CLOCK_HISTORY], self.clock_values_ns[:self.CLOCK_HISTORY]
+
+    def log_time_ns(self, received_ns: int = 0) -> int:
+        """The robot's clock when a message arrived (``received_ns``: its middleware reception time;
+        0 or before the first /clock: the clock now), else wall time."""
+        if received_ns > 0 and self.clock_received_ns:
+            index = bisect.bisect_right(self.clock_received_ns, received_ns) - 1
+            if index >= 0:
+                return self.clock_values_ns[index]
         return self.sim_time_ns if self.sim_time_ns is not None else time.time_ns()
 
     def _writer_for(self, topic: str):
-        def write(data: bytes) -> None:
+        def write(data: bytes, info) -> None:
             with self.lock:
                 if not self.bag.closed:
                     self.received += 1
                     try:
-                        self.bag.write(topic, data, self.log_time_ns())
+                        self.bag.write(topic, data, self.log_time_ns(int(info["received_timestamp"]) if info else 0))
                     except BagWriteError as exc:
                         self.error = exc
         return write
