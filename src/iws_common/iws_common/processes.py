@@ -37,7 +37,9 @@ class NodeProcess:
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
     def output(self) -> str:
-        self.log.flush()
+        """The process's output so far; also after stop() (a failed stop is reported with it)."""
+        if not self.log.closed:
+            self.log.flush()
         return self.log_path.read_text()
 
     def alive(self) -> bool:
