@@ -32,6 +32,12 @@ from iws_world_model.train import lr_factor
 STATE_FILE = "train_state.pt"
 
 
+def demo_episodes(dataset, successful_only: bool = False) -> list:
+    """A dataset's train episodes that may serve as demonstrations (``successful_only``: those that
+    ended in success)."""
+    return [e for e in dataset.split("train") if e.success or not successful_only]
+
+
 class DemoSet:
     """Demonstration frames gathered into memory at the policy's image size."""
 
@@ -51,9 +57,7 @@ class DemoSet:
                 joint_names, rate = dataset.joint_names, dataset.control_rate_hz
             elif dataset.joint_names != joint_names:
                 raise ValueError(f"{path}: joints {dataset.joint_names} differ from {joint_names}")
-            episodes = dataset.split("train")
-            if successful_only:
-                episodes = [e for e in episodes if e.success]
+            episodes = demo_episodes(dataset, successful_only)
             if count > len(episodes):
                 kind = "successful episodes" if successful_only else "episodes"
                 raise ValueError(f"{path}: {count} episodes requested, its train split has {len(episodes)} {kind}")
@@ -268,8 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     from iws_data.dataset import Dataset, DatasetError
     try:
         if args.episodes is None:
-            counts = [sum(1 for e in Dataset(d).split("train") if e.success or not args.successful_only)
-                      for d in args.data]
+            counts = [len(demo_episodes(Dataset(d), args.successful_only)) for d in args.data]
         else:
             total = sum(fractions)
             counts = [round(args.episodes * f / total) for f in fractions]
