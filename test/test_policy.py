@@ -239,6 +239,39 @@ def test_synthetic_demos_inside_the_world_model_build_a_dataset(tiny_world_model
     assert np.all(np.isfinite(ds.actions[:])) and ds.images.shape[1:] == (64, 64, 3)
 
 
+def test_policy_rollouts_on_the_reference_robot_are_recorded_as_play_data(tiny_policy, tmp_path):
+    """`iws collect --policy CKPT`: the policy drives the reference robot from its camera image; each
+    episode is reseeded from its own seed, so episode 1 collected alone is the same episode."""
+    import yaml
+
+    from iws_data.builder import build_dataset
+    from iws_data.dataset import Dataset
+
+    def run(out, *extra):
+        return subprocess.run([sys.executable, "-m", "iws_bringup.cli", "collect", "--policy", str(tiny_policy),
+                               "--episodes", "2", "--steps", "6", "--seed", "11", "--out", str(out), "--no-progress",
+                               *extra], capture_output=True, text=True, timeout=300)
+
+    both = run(tmp_path / "both")
+    assert both.returncode == 0, both.stderr[-3000:]
+    assert "policies {'policy': 2}" in both.stdout
+    metadata = yaml.safe_load((tmp_path / "both" / "episode_000001" / "metadata.yaml").read_text())
+    custom = metadata["rosbag2_bagfile_information"]["custom_data"]
+    assert custom["policy"] == "policy" and custom["policy_checkpoint"] == str(tiny_policy)
+    alone = run(tmp_path / "alone", "--start", "1")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    datasets = [Dataset(build_dataset([tmp_path / name / "episode_000001"], tmp_path / f"{name}_ds", size=32,
+                                      val_fraction=0.0, progress=False)[0]) for name in ("both", "alone")]
+    first, again = (np.asarray(d.actions[:]) for d in datasets)
+    assert first.shape == (7, PROFILE.joints.count) and np.all(np.isfinite(first))
+    np.testing.assert_array_equal(first, again)
+    assert np.abs(first[1:] - first[0]).max() > 1e-6, "the policy never changed its command"
+
+    missing = subprocess.run([sys.executable, "-m", "iws_bringup.cli", "collect", "--mix", "policy=1", "--episodes", "1",
+                              "--out", str(tmp_path / "none")], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1 and "--policy CKPT" in missing.stderr
+
+
 @pytest.mark.parametrize("backend", ["reference", "world_model"])
 def test_evaluate_through_ros_from_matched_starts(backend, tiny_policy, tiny_world_model, tmp_path):
     result = evaluate(str(tiny_policy), backend, episodes=2, steps=8, seed=77, model=str(tiny_world_model),

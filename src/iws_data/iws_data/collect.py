@@ -67,8 +67,36 @@ def parse_mix(text: str) -> dict[str, float]:
     return {k: v / total for k, v in mix.items()}
 
 
-# --mix names -> iws_reference_robot.experts names ("expert" is the task's own scripted expert).
-POLICIES = {"expert": None, "random": "smooth_random", "contact": "contact_seeking"}
+# --mix names -> iws_reference_robot.experts names ("expert" is the task's own scripted expert;
+# "policy" is the trained policy given by --policy).
+POLICIES = {"expert": None, "random": "smooth_random", "contact": "contact_seeking", "policy": None}
+
+
+class CheckpointPlayer:
+    """A trained Diffusion Policy (an `iws policy train` checkpoint) as a source of play data.
+
+    It acts on the camera image that the bag records, as it would through ROS. Rollouts of the
+    policies you mean to evaluate are the contacts a world model must get right before it can judge
+    them: scripted play alone never pushes the object the way a learned policy does."""
+
+    def __init__(self, checkpoint: str | Path, profile: RobotProfile, sim, action_horizon: int | None = None):
+        from iws_policy.node import make_runner
+
+        if str(checkpoint) == "expert":
+            raise ValueError("--policy takes an `iws policy train` checkpoint; the scripted expert is --mix expert=1")
+        self.sim = sim
+        self.prototype = make_runner(str(checkpoint), profile, action_horizon=action_horizon)
+        self.runner = self.prototype
+
+    def reset(self, rng: np.random.Generator) -> None:
+        from iws_policy.diffusion import PolicyRunner
+
+        # A fresh runner per episode (empty history and plan), seeded from the episode's seed.
+        self.runner = PolicyRunner(self.prototype.policy, seed=int(rng.integers(2**31)),
+                                   action_horizon=self.prototype.action_horizon)
+
+    def act(self, task_state, joint_positions: np.ndarray) -> np.ndarray:
+        return self.runner.act(self.sim.render(), joint_positions)
 
 
 def make_policy(kind: str, task: str, sim):
@@ -93,7 +121,8 @@ class Collector:
     """Runs episodes of one task in one ReferenceSim and writes each to its own bag."""
 
     def __init__(self, profile: RobotProfile, task: str, out: Path, steps: int, seed: int = 0,
-                 mix: dict[str, float] | None = None, storage: str = DEFAULT_STORAGE):
+                 mix: dict[str, float] | None = None, storage: str = DEFAULT_STORAGE,
+                 policy: str | Path | None = None, action_horizon: int | None = None):
         from iws_common.commands import JointCommandFollower
         from iws_reference_robot.sim import ReferenceSim
 
@@ -111,12 +140,18 @@ class Collector:
         self.observation = ObservationMessages(profile)
         self.command_msg = Float64MultiArray()
         self.dt_ns = round(profile.control_period_s * 1e9)
+        self.policy_checkpoint = str(policy) if policy is not None else None
+        self.player = None
+        if self.mix.get("policy", 0) > 0:
+            if policy is None:
+                raise ValueError("--mix names 'policy': pass the checkpoint with --policy CKPT")
+            self.player = CheckpointPlayer(policy, profile, self.sim, action_horizon)
 
     def policy_for(self, index: int) -> tuple[str, object, np.random.Generator]:
         rng = np.random.default_rng(self.seed + index)
         kinds = sorted(self.mix)
         kind = kinds[int(rng.choice(len(kinds), p=[self.mix[k] for k in kinds]))]
-        return kind, make_policy(kind, self.task, self.sim), rng
+        return kind, self.player if kind == "policy" else make_policy(kind, self.task, self.sim), rng
 
     def _write_observation(self, bag: BagWriter, stamp_ns: int):
         from rclpy.serialization import serialize_message
@@ -155,6 +190,8 @@ class Collector:
         topics = self.profile.topics
         custom = {"task": self.task, "policy": kind, "seed": seed, "episode_index": index, "steps": self.steps,
                   "collected_by": "iws collect"}
+        if kind == "policy":
+            custom["policy_checkpoint"] = self.policy_checkpoint
         bag = BagWriter(partial, self.profile, RECORDED_KINDS, storage=self.storage, flush_interval_s=None, custom_data=custom)
         try:
             clock_ns = CLOCK_START_NS
@@ -189,7 +226,7 @@ class Collector:
 
 def collect(profile: RobotProfile | str, task: str, out: str | Path, episodes: int, steps: int, seed: int = 0,
             mix: dict[str, float] | str | None = None, storage: str = DEFAULT_STORAGE, progress: bool = True,
-            start: int = 0) -> list[EpisodeResult]:
+            start: int = 0, policy: str | Path | None = None, action_horizon: int | None = None) -> list[EpisodeResult]:
     """Collect episodes ``start .. start+episodes-1`` into OUT, skipping complete ones."""
     from tqdm import tqdm
 
@@ -208,7 +245,8 @@ def collect(profile: RobotProfile | str, task: str, out: str | Path, episodes: i
         if progress:
             print(f"iws collect: all {episodes} episodes in {out} are complete")
         return results
-    collector = Collector(profile, task, out, steps, seed=seed, mix=mix, storage=storage)
+    collector = Collector(profile, task, out, steps, seed=seed, mix=mix, storage=storage, policy=policy,
+                          action_horizon=action_horizon)
     try:
         with tqdm(total=len(todo), unit="ep", desc=f"collect {task}", disable=not progress, dynamic_ncols=True) as bar:
             if skipped:
@@ -236,14 +274,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--robot", default="reference_arm", help="robot profile name or YAML path")
     parser.add_argument("--seed", type=int, default=0, help="episode k uses seed + k")
     parser.add_argument("--start", type=int, default=0, help="index of the first episode (to split work across processes)")
-    parser.add_argument("--mix", default=DEFAULT_MIX, help=f"policy weights (default {DEFAULT_MIX})")
+    parser.add_argument("--mix", default=None,
+                        help=f"policy weights (default {DEFAULT_MIX}; policy=1 when --policy is given)")
+    parser.add_argument("--policy", default=None, metavar="CKPT",
+                        help="a trained policy (iws policy train) acting on the camera image: rollouts of the "
+                             "policies you will evaluate, as world-model training data")
+    parser.add_argument("--action-horizon", type=int, default=None,
+                        help="with --policy: commands executed per predicted chunk (default: the checkpoint's)")
     parser.add_argument("--storage", default=DEFAULT_STORAGE, choices=sorted(STORAGES))
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     try:
         started = time.perf_counter()
-        results = collect(args.robot, args.task, args.out, args.episodes, args.steps, seed=args.seed, mix=args.mix,
-                          storage=args.storage, progress=not args.no_progress, start=args.start)
+        mix = args.mix or ("policy=1" if args.policy else DEFAULT_MIX)
+        if args.policy and "policy" not in parse_mix(mix):
+            raise ValueError(f"--policy is given but --mix '{mix}' never runs it (add policy=W)")
+        results = collect(args.robot, args.task, args.out, args.episodes, args.steps, seed=args.seed, mix=mix,
+                          storage=args.storage, progress=not args.no_progress, start=args.start, policy=args.policy,
+                          action_horizon=args.action_horizon)
     except (BagError, ProfileError, ValueError) as exc:
         print(f"iws collect: error: {exc}", file=sys.stderr)
         return 1
