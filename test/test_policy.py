@@ -307,7 +307,7 @@ def test_policy_node_drives_a_backend_it_does_not_know(tiny_policy, domain_id, s
 
 def test_experiment_reports_from_cached_evaluations(tmp_path, monkeypatch):
     """The reports' statistics and plots, from evaluations already on disk (as a rerun resumes)."""
-    from iws_policy.evaluate import LOST_FRAMES
+    from iws_policy.evaluate import LOST_FRAMES, model_weights
     from iws_policy.experiments import correlation, datamix, mmrv, pearson
 
     assert mmrv([0.1, 0.5, 0.9], [0.2, 0.4, 0.8]) == 0.0 and mmrv([0.9, 0.5, 0.1], [0.2, 0.4, 0.8]) > 0.5
@@ -317,7 +317,9 @@ def test_experiment_reports_from_cached_evaluations(tmp_path, monkeypatch):
         for backend, rate in (("reference", real), ("world_model", sim)):
             d = tmp_path / "corr" / f"{backend}_{name}"
             d.mkdir(parents=True)
+            weights = model_weights(None) if backend == "world_model" else None
             (d / "evaluation.json").write_text(json.dumps({"policy": f"/ckpt/{name}", "episodes": 4, "steps": 9, "seed": 1, "lost_frames_rule": LOST_FRAMES,
+                                                           "model_weights": weights,
                                                            "success_rate": rate,
                                                            "ci95": [0, 1], "seconds": 1.0, "truth_success_rate": rate,
                                                            "per_episode": [{"pixel_best_score": rate / 2}]}))
@@ -340,3 +342,9 @@ def test_experiment_reports_from_cached_evaluations(tmp_path, monkeypatch):
     evaluation("/ckpt/a", "reference", tmp_path / "mix" / "reference_a", 4, 9, 1, None, action_horizon=2)
     evaluation("/ckpt/other", "reference", tmp_path / "mix" / "reference_a", 4, 9, 1, None)
     assert reruns == [2, None], "an evaluation with another action horizon or checkpoint is not the cached one"
+    other_model = tmp_path / "other_model"
+    other_model.mkdir()
+    (other_model / "model.safetensors").write_bytes(b"other weights")
+    evaluation("/ckpt/a", "world_model", tmp_path / "mix" / "world_model_a", 4, 9, 1, None)  # cached: the same weights
+    evaluation("/ckpt/a", "world_model", tmp_path / "mix" / "world_model_a", 4, 9, 1, str(other_model))
+    assert reruns == [2, None, None], "an evaluation in another world model is not the cached one"

@@ -250,6 +250,7 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
     successes = sum(r["success"] for r in rows)
     low, high = wilson_interval(successes, len(rows))
     result = {"policy": policy, "backend": backend, "model": model if backend == "world_model" else None,
+              "model_weights": model_weights(model) if backend == "world_model" else None,
               "episodes": len(rows), "steps": steps, "seed": seed, "action_horizon": horizon,
               "success_rate": successes / max(len(rows), 1),
               "ci95": [low, high], "lost_frames_rule": LOST_FRAMES,
@@ -270,6 +271,12 @@ def stop_on_sigterm() -> None:
     def handler(signum, frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, handler)
+
+
+def model_weights(model: str | None) -> str:
+    """The digest of the world model an evaluation ran (None: the shipped default)."""
+    from iws_world_model.checkpoint import weights_digest
+    return weights_digest(model or _default_model())
 
 
 def _default_model() -> str:

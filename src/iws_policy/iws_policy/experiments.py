@@ -49,16 +49,17 @@ def checkpoint_action_horizon(policy: str) -> int | None:
 def evaluation(policy: str, backend: str, out: Path, episodes: int, steps: int, seed: int, model: str | None,
                action_horizon: int | None = None) -> dict:
     """`iws evaluate` into ``out``, or its earlier result when it matches: the same checkpoint path,
-    episodes, steps, seeds, loss rule and action horizon (None: the checkpoint's own, which
-    evaluations from before the option used)."""
-    from iws_policy.evaluate import LOST_FRAMES, evaluate
+    episodes, steps, seeds, loss rule, action horizon (None: the checkpoint's own, which
+    evaluations from before the option used) and, in the world model, the same weights."""
+    from iws_policy.evaluate import LOST_FRAMES, evaluate, model_weights
 
     cached = out / "evaluation.json"
     if cached.is_file():
         result = json.loads(cached.read_text())
         own = checkpoint_action_horizon(policy)
         same_horizon = (result.get("action_horizon") or own) == (action_horizon or own)
-        if same_horizon and (result.get("policy"), result.get("episodes"), result.get("steps"), result.get("seed"),
+        same_world = backend != "world_model" or result.get("model_weights") == model_weights(model)
+        if same_horizon and same_world and (result.get("policy"), result.get("episodes"), result.get("steps"), result.get("seed"),
                              result.get("lost_frames_rule")) == (policy, episodes, steps, seed, LOST_FRAMES):
             return result
     return evaluate(policy, backend, episodes, steps, seed, model=model, videos=2, out=out, progress=True,

@@ -46,6 +46,18 @@ def save(directory: str | Path, network: WorldModelNetwork, normalization: dict,
     return directory
 
 
+def weights_digest(directory: str | Path) -> str:
+    """Short SHA-256 of a checkpoint's weights: results computed with a model name the weights,
+    not the path (models/push_t is replaced when a better default model is trained)."""
+    import hashlib
+
+    path = Path(directory) / WEIGHTS
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read the weights ({exc.strerror or exc})") from exc
+
+
 def read_meta(directory: str | Path) -> dict:
     directory = Path(directory)
     path = directory / CONFIG
