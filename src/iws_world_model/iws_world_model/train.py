@@ -265,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="run directory, e.g. runs/NAME")
     p.add_argument("--stage", default="all", choices=("all", "1", "2", "3"))
     p.add_argument("--steps", type=int, default=None, help="override the steps of each selected stage")
+    p.add_argument("--lr", type=float, default=None,
+                   help="override the peak learning rate of each selected stage (e.g. lower for a warm start)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -302,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.steps is not None:
             for stage in plan:
                 getattr(train_cfg, f"stage{stage}").steps = args.steps
+        if args.lr is not None:
+            if not args.lr > 0:
+                raise ConfigError(f"--lr must be > 0, got {args.lr}")
+            for stage in plan:
+                getattr(train_cfg, f"stage{stage}").lr = args.lr
         torch.manual_seed(train_cfg.seed + rank)
         np.random.seed(train_cfg.seed + rank)
         out.mkdir(parents=True, exist_ok=True)
@@ -342,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DatasetError, checkpoint.CheckpointError) as exc:
         print(f"iws train: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\niws train: interrupted; {args.out} keeps its last periodic checkpoint: continue with the "
+              "same command plus --resume", file=sys.stderr)
+        return 130
     finally:
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
