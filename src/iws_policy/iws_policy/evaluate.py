@@ -198,6 +198,8 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
     from iws_common.profile import load_profile
     # A bad checkpoint or horizon fails here, before a backend starts.
     horizon = getattr(make_runner(policy, load_profile(robot), action_horizon=action_horizon), "action_horizon", None)
+    # Digest before the run: the weights this evaluation judges by (and a missing model fails now).
+    weights = model_weights(model) if backend == "world_model" else None
     out = Path(out or tempfile.mkdtemp(prefix="iws_evaluate_"))
     out.mkdir(parents=True, exist_ok=True)
     session = BackendSession(backend, robot, model, out)
@@ -250,7 +252,7 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
     successes = sum(r["success"] for r in rows)
     low, high = wilson_interval(successes, len(rows))
     result = {"policy": policy, "backend": backend, "model": model if backend == "world_model" else None,
-              "model_weights": model_weights(model) if backend == "world_model" else None,
+              "model_weights": weights,
               "episodes": len(rows), "steps": steps, "seed": seed, "action_horizon": horizon,
               "success_rate": successes / max(len(rows), 1),
               "ci95": [low, high], "lost_frames_rule": LOST_FRAMES,
@@ -301,11 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.episodes < 1 or args.steps < 1:
         parser.error("--episodes and --steps must be positive")
     from iws_policy.diffusion import PolicyCheckpointError
+    from iws_world_model.checkpoint import CheckpointError
     stop_on_sigterm()
     try:
         result = evaluate(args.policy, args.backend, args.episodes, args.steps, args.seed, args.robot, args.model,
                           args.videos, args.out, progress=not args.json, action_horizon=args.action_horizon)
-    except (EvaluationError, PolicyCheckpointError, ValueError) as exc:
+    except (EvaluationError, PolicyCheckpointError, CheckpointError, ValueError) as exc:
         print(f"iws evaluate: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--action-horizon", type=int, help="commands executed per predicted chunk (default: each checkpoint's)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    from iws_policy.evaluate import stop_on_sigterm
+    from iws_policy.evaluate import EvaluationError, stop_on_sigterm
+    from iws_world_model.checkpoint import CheckpointError
     stop_on_sigterm()  # finished evaluations are on disk; a rerun resumes
     try:
         policies = parse_named(args.policy, "--policy")
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             result = datamix(policies, fractions, args.out, args.episodes, args.steps, args.seed, args.action_horizon)
         else:
             result = correlation(policies, args.out, args.episodes, args.steps, args.seed, args.model, args.action_horizon)
-    except ValueError as exc:
+    except (ValueError, EvaluationError, CheckpointError) as exc:
         print(f"iws experiment: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
