@@ -158,3 +158,30 @@ def test_mono_to_rgb_and_back():
 def test_malformed_images_give_clear_errors(msg, message):
     with pytest.raises(ImageEncodingError, match=message):
         image_to_numpy(msg)
+
+
+def test_a_publish_that_races_shutdown_ends_the_node_cleanly():
+    """SIGINT invalidates the context while a callback runs; its publish then raises RCLError. After
+    shutdown that is a clean stop (exit 0); with the context still up it is a real error."""
+    import rclpy
+    from rclpy._rclpy_pybind11 import RCLError
+
+    from iws_common.run import spin_until_shutdown
+
+    def racing_spin():
+        rclpy.shutdown()
+        raise RCLError("Failed to publish: publisher's context is invalid")
+
+    rclpy.init()
+    spin_until_shutdown(racing_spin)
+    assert not rclpy.ok()
+
+    def failing_spin():
+        raise RCLError("a real failure")
+
+    rclpy.init()
+    try:
+        with pytest.raises(RCLError):
+            spin_until_shutdown(failing_spin)
+    finally:
+        rclpy.try_shutdown()

@@ -5,7 +5,21 @@ import os
 import sys
 
 import rclpy
+from rclpy._rclpy_pybind11 import RCLError
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+
+
+def spin_until_shutdown(spin) -> None:
+    """``spin()`` until Ctrl-C or SIGTERM. rclpy's signal handler invalidates the context at once, so
+    a callback that was running (a policy's inference, a model step) fails on its next publish with
+    RCLError 'context is invalid': once the context is down that is the ordinary end, not a failure."""
+    try:
+        spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    except RCLError:
+        if rclpy.ok():
+            raise
 
 
 def peek_parameter(args: list[str] | None, name: str, default: str) -> str:
@@ -51,9 +65,7 @@ def run_node(node_class, name: str, executor_class=SingleThreadedExecutor, args:
     executor = executor_class(**executor_kwargs)
     executor.add_node(node)
     try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
+        spin_until_shutdown(executor.spin)
     finally:
         node.destroy_node()
         rclpy.try_shutdown()

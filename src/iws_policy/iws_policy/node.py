@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     use_simulator_domain_by_default(profile, "iws up policy")
     import rclpy
     import torch
-    from rclpy.executors import ExternalShutdownException
+
+    from iws_common.run import spin_until_shutdown
 
     torch.set_num_threads(args.threads)
     rclpy.init()
@@ -102,9 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         rclpy.try_shutdown()
         return 1
     try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
+        spin_until_shutdown(lambda: rclpy.spin(node))
     finally:
         node.destroy_node()
         rclpy.try_shutdown()
