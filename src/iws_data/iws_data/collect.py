@@ -85,15 +85,10 @@ class CheckpointPlayer:
         if str(checkpoint) == "expert":
             raise ValueError("--policy takes an `iws policy train` checkpoint; the scripted expert is --mix expert=1")
         self.sim = sim
-        self.prototype = make_runner(str(checkpoint), profile, action_horizon=action_horizon)
-        self.runner = self.prototype
+        self.runner = make_runner(str(checkpoint), profile, action_horizon=action_horizon)
 
     def reset(self, rng: np.random.Generator) -> None:
-        from iws_policy.diffusion import PolicyRunner
-
-        # A fresh runner per episode (empty history and plan), seeded from the episode's seed.
-        self.runner = PolicyRunner(self.prototype.policy, seed=int(rng.integers(2**31)),
-                                   action_horizon=self.prototype.action_horizon)
+        self.runner.reset(seed=int(rng.integers(2**31)))  # from the episode's seed: it regenerates alone
 
     def act(self, task_state, joint_positions: np.ndarray) -> np.ndarray:
         return self.runner.act(self.sim.render(), joint_positions)

@@ -365,7 +365,10 @@ class PolicyRunner:
         self.generator = torch.Generator().manual_seed(seed)
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, seed: int | None = None) -> None:
+        """A new episode: no history, no plan; ``seed`` reseeds the sampler (the same episode again)."""
+        if seed is not None:
+            self.generator.manual_seed(seed)
         self.images: list[np.ndarray] = []
         self.joints: list[np.ndarray] = []
         self.plan: list[np.ndarray] = []
