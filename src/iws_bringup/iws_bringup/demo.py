@@ -13,11 +13,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from iws_common.profile import load_profile, repo_root
+from iws_common.profile import default_model_dir, load_profile, repo_root
 
 
 def default_backend() -> str:
-    shipped = repo_root() / "models" / "push_t" / "model.safetensors"
+    shipped = default_model_dir() / "model.safetensors"
     return "world_model" if shipped.is_file() else "reference"
 
 

@@ -30,6 +30,11 @@ def repo_root() -> Path:
     return Path.cwd()
 
 
+def default_model_dir() -> Path:
+    """The shipped default world model (models/push_t): what every tool serves without --model."""
+    return repo_root() / "models" / "push_t"
+
+
 def config_dir() -> Path:
     """Where robot profiles and model configs live: $IWS_CONFIG_DIR, else the checkout's config/."""
     override = os.environ.get("IWS_CONFIG_DIR")

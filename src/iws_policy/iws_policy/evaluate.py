@@ -282,8 +282,8 @@ def model_weights(model: str | None) -> str:
 
 
 def _default_model() -> str:
-    from iws_common.profile import repo_root
-    return str(repo_root() / "models" / "push_t")
+    from iws_common.profile import default_model_dir
+    return str(default_model_dir())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -163,9 +163,9 @@ def collect_main(argv: list[str] | None = None) -> int:
         parser.error("the world-model demonstrator is the push_t pixel expert: --task push_t")
     if args.episodes < 0 or args.steps < 1:
         parser.error("--episodes must be >= 0 and --steps >= 1")
-    from iws_common.profile import ProfileError, load_profile, repo_root
+    from iws_common.profile import ProfileError, default_model_dir, load_profile
     from iws_world_model.checkpoint import CheckpointError
-    model = args.model or str(repo_root() / "models" / "push_t")
+    model = args.model or str(default_model_dir())
     try:
         started = time.perf_counter()
         results = collect_world_model(load_profile(args.robot), model, args.out, args.episodes, args.steps, args.seed,

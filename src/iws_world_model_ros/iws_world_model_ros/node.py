@@ -26,7 +26,7 @@ from sensor_msgs.msg import CameraInfo, Image, JointState
 from iws_common import qos
 from iws_common.image_conversion import convert_encoding, image_to_numpy, numpy_to_image
 from iws_common.messages import camera_info_msg, time_msg
-from iws_common.profile import repo_root
+from iws_common.profile import default_model_dir
 from iws_common.run import run_node
 from iws_common.simulator_node import SimulatorNode
 from iws_interfaces.srv import ResetWorld, StepWorld
@@ -36,7 +36,7 @@ GIL_SWITCH_INTERVAL_S = 1e-4
 
 
 def default_model_path() -> str:
-    return str(repo_root() / "models" / "push_t")
+    return str(default_model_dir())
 
 
 class WorldModelNode(SimulatorNode):
