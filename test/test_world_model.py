@@ -178,6 +178,45 @@ def test_warm_start_adds_the_action_map_without_changing_the_model(tmp_path, dat
                     "--init-weights", str(source), "--init-autoencoder", str(source)])
 
 
+def test_multistep_dynamics_trains_the_jumps_it_rolls_out_with(tmp_path, dataset_dir, run_dir):
+    """dynamics_jump_fraction starts half of each stage-2 batch's targets at the intermediate noise
+    levels of 2- and 3-step inference (499; 666, 333) instead of 999, all regressed onto the clean
+    latent; a model so trained rolls out with 1-3 steps, streaming or recomputing its window alike."""
+    cfg_path = tmp_path / "tiny_jumps.yaml"
+    cfg_path.write_text(TINY.read_text().replace("decode_steps: 1", "decode_steps: 1\n  dynamics_steps: 2")
+                        .replace("checkpoint_every: 20", "checkpoint_every: 20\n  dynamics_jump_fraction: 0.5"))
+    model_cfg, train_cfg = load_config(cfg_path)
+    network = WorldModelNetwork(model_cfg, joint_dim=2)
+    normalization = {"action_low": [0.0, 0.0], "action_high": [1.0, 1.0], "joint_mean": [0.5, 0.5], "joint_std": [0.2, 0.2]}
+    objective = train.StageObjective(network, 2, train_cfg, normalization)
+    seen = []
+    real_dynamics = network.dynamics.forward
+    network.dynamics.forward = lambda x, t, s, *a, **k: seen.append((t[:, -1].clone(), s[:, -1].clone())) or real_dynamics(x, t, s, *a, **k)
+    data = train.WindowData(Dataset(dataset_dir), model_cfg.window + 1)
+    torch.manual_seed(0)
+    objective(torch.utils.data.default_collate([data[i] for i in range(16)]))
+    (t, s), = seen
+    assert t[:8].tolist() == [999] * 8 and s.tolist() == [0] * 16
+    assert set(t[8:].tolist()) <= {333, 499, 666} and len(set(t[8:].tolist())) > 1
+
+    out = tmp_path / "jumps"
+    assert train.main(["--config", str(cfg_path), "--data", str(dataset_dir), "--out", str(out), "--stage", "2",
+                       "--steps", "20", "--init-weights", str(run_dir), "--device", "cpu"]) == 0
+    stats = json.loads((out / checkpoint.CONFIG).read_text())["training"]["stages"]["2"]
+    assert np.isfinite(stats["dynamics_last"]) and np.isfinite(stats["loss_last"])
+    latents = {}
+    for steps in (1, 2, 3):
+        streaming = WorldModel.load(out, dynamics_steps=steps)
+        recompute = WorldModel.load(out, dynamics_steps=steps, streaming=False)
+        rollout(streaming, dataset_dir, 3, steps=1), rollout(recompute, dataset_dir, 3, steps=1)
+        torch.testing.assert_close(streaming.latent, recompute.latent, atol=1e-5, rtol=1e-5)
+        latents[steps] = streaming.latent
+    assert WorldModel.load(out).dynamics_steps == 2  # the config's choice
+    assert not torch.allclose(latents[1], latents[2]) and not torch.allclose(latents[2], latents[3])
+    with pytest.raises(ValueError, match="dynamics_steps"):
+        WorldModel.load(out, dynamics_steps=4)
+
+
 def test_cached_latents_give_the_same_stage2_loss(run_dir, dataset_dir):
     """Stage 2 encodes the dataset once; its loss must equal the one computed from images."""
     cfg, train_cfg = load_config(TINY)
@@ -317,6 +356,9 @@ def test_consistency_schedule_and_jump():
     t = torch.tensor([500, 500])
     torch.testing.assert_close(sched.jump(x, t, t, x0), x)
     torch.testing.assert_close(sched.jump(x, t, torch.zeros_like(t), x0), x0)
+    # the dynamics' multi-step re-noising keeps the noise x_t implies: x0 at t with eps -> x0 at s with eps
+    eps, s = torch.randn(2, 4), torch.tensor([333, 100])
+    torch.testing.assert_close(sched.renoise(sched.add_noise(x0, t, eps), t, s, x0), sched.add_noise(x0, s, eps))
 
 
 def test_streaming_cache_equals_full_recompute():
@@ -364,6 +406,13 @@ def test_config_errors_name_the_key(tmp_path):
         load_config(bad)
     bad.write_text("model:\n  decode_steps: 5\n")
     with pytest.raises(ConfigError, match="decode_steps"):
+        load_config(bad)
+    for text in ("model:\n  dynamics_steps: 4\n", "model:\n  dynamics_objective: mse\n  dynamics_steps: 2\n"):
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match="dynamics_steps"):
+            load_config(bad)
+    bad.write_text("train:\n  dynamics_jump_fraction: 1.5\n")
+    with pytest.raises(ConfigError, match="dynamics_jump_fraction"):
         load_config(bad)
     for name in ("push_t", "paper_128", "tiny"):
         load_config(ROOT / f"config/models/{name}.yaml")

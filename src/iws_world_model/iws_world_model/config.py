@@ -26,6 +26,7 @@ class ModelConfig:
     decoder_blocks: int = 1                 # res blocks per level
     decoder_attention: bool = True          # self-attention in the U-Net middle
     decode_steps: int = 1                   # consistency jumps at inference (1-3)
+    dynamics_steps: int = 1                 # consistency jumps for the next latent at inference (1-3)
     dynamics_channels: list[int] = dataclasses.field(default_factory=lambda: [64, 64, 64])  # one block each
     dynamics_heads: int = 4
     dynamics_spatial_attention: bool = False  # one per-frame spatial attention after the last block
@@ -70,8 +71,12 @@ class ModelConfig:
             bad("dynamics_heads", f"{self.dynamics_heads} must divide every dynamics width {self.dynamics_channels}")
         if self.decode_steps not in (1, 2, 3):
             bad("decode_steps", f"must be 1, 2 or 3, got {self.decode_steps!r}")
+        if self.dynamics_steps not in (1, 2, 3):
+            bad("dynamics_steps", f"must be 1, 2 or 3, got {self.dynamics_steps!r}")
         if self.dynamics_objective not in ("consistency", "mse"):
             bad("dynamics_objective", f"must be 'consistency' or 'mse', got {self.dynamics_objective!r}")
+        if self.dynamics_objective == "mse" and self.dynamics_steps != 1:
+            bad("dynamics_steps", "the deterministic (mse) dynamics predicts in one call; dynamics_steps must be 1")
         if self.timesteps != 1000:
             bad("timesteps", "only the T=1000 schedule of the method is supported")
         if not 1 <= self.history_noise_max < self.timesteps or not 0 <= self.history_level < self.timesteps:
@@ -96,6 +101,7 @@ class TrainConfig:
     weight_decay: float = 1e-4
     grad_clip: float = 1.0
     terminal_fraction: float = 0.5   # stage 1: share of the batch trained on the inference jumps
+    dynamics_jump_fraction: float = 0.0  # stage 2: share of the batch on the jumps of 2-3 step dynamics
     stage3_latent_noise: float = 0.02
     joint_loss_weight: float = 1.0
     joint_latent_noise: float = 0.02  # the joint head must read predicted (imperfect) latents
@@ -114,8 +120,9 @@ class TrainConfig:
                 raise ConfigError(f"{where}.{name}.lr: must be positive, got {stage.lr!r}")
             if not 0 < stage.final_lr_fraction <= 1:
                 raise ConfigError(f"{where}.{name}.final_lr_fraction: must lie in (0, 1], got {stage.final_lr_fraction!r}")
-        if not 0 <= self.terminal_fraction <= 1:
-            raise ConfigError(f"{where}.terminal_fraction: must lie in [0, 1], got {self.terminal_fraction!r}")
+        for key in ("terminal_fraction", "dynamics_jump_fraction"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise ConfigError(f"{where}.{key}: must lie in [0, 1], got {getattr(self, key)!r}")
         if self.checkpoint_every < 1 or self.log_every < 1:
             raise ConfigError(f"{where}: checkpoint_every and log_every must be >= 1")
 

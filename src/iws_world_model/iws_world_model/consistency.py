@@ -27,6 +27,11 @@ def decode_times(steps: int, timesteps: int = 1000) -> list[int]:
     return [top * (steps - i) // steps for i in range(steps + 1)]
 
 
+def intermediate_levels(timesteps: int = 1000, steps: tuple[int, ...] = (2, 3)) -> list[int]:
+    """The noise levels between the first and last jump of 2- and 3-step inference: [333, 499, 666]."""
+    return sorted({t for k in steps for t in decode_times(k, timesteps)[1:-1]})
+
+
 class Schedule:
     def __init__(self, timesteps: int = 1000):
         self.timesteps = timesteps
@@ -49,6 +54,12 @@ class Schedule:
         """G(x_t, t, s): s = 0 gives x0_hat, s = t gives x_t back."""
         ratio = (s.float() / t.float().clamp(min=1)).view(t.shape + (1,) * (x_t.dim() - t.dim()))
         return ratio * x_t + (1 - ratio) * x0_hat
+
+    def renoise(self, x_t: torch.Tensor, t: torch.Tensor, s: torch.Tensor, x0_hat: torch.Tensor) -> torch.Tensor:
+        """The deterministic DDIM step from t to s: x0_hat with the noise that x_t implies."""
+        a_t, b_t = self._coef(t, x_t)
+        a_s, b_s = self._coef(s, x_t)
+        return a_s * x0_hat + b_s * (x_t - a_t * x0_hat) / b_t
 
     def snr_weight(self, t: torch.Tensor, cap: float = 5.0) -> torch.Tensor:
         """min(SNR, cap) / (SNR + 1): the stage-1 weighting."""

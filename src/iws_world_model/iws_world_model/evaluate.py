@@ -212,13 +212,14 @@ def side_by_side(panels: list[np.ndarray], step: int, scale: int) -> np.ndarray:
 def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: int = DEFAULT_HORIZON,
              baseline_mse: str | Path | None = None, out: str | Path | None = None, videos: int = 2,
              seed: int = 0, split: str = "val", pose: bool = True, device: str | None = None,
-             progress: bool = True) -> dict:
-    """Run the open-loop protocol; writes OUT/openloop.json and the videos, returns the report."""
+             progress: bool = True, dynamics_steps: int | None = None) -> dict:
+    """Run the open-loop protocol; writes OUT/openloop.json and the videos, returns the report.
+    ``dynamics_steps`` overrides the model's consistency jumps per step (not the MSE baseline's)."""
     started = time.time()
     if horizon < 1 or episodes < 1:
         raise EvalError(f"horizon and episodes must be >= 1, got {horizon} and {episodes}")
     device = device or default_device()
-    world = WorldModel.load(model, device)
+    world = WorldModel.load(model, device, dynamics_steps=dynamics_steps)
     dataset = Dataset(data)
     if dataset.joint_names and world.joint_names and dataset.joint_names != world.joint_names:
         raise EvalError(f"{data}: joints {dataset.joint_names} differ from the model's {world.joint_names}")
@@ -280,6 +281,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
             "window": window, "image_size": size, "requested_horizon": horizon, "effective_horizon": h_eff,
             "episodes_per_step": cut.valid.sum(0), "seed": seed, "device": str(world.device),
             "psnr_cap_db": metrics.PSNR_CAP_DB, "decode_steps": world.decode_steps,
+            "dynamics_steps": world.dynamics_steps,
             "pose_metrics": pose_note or "T pose by iws_reference_robot.perception on frames upscaled to the camera "
                                          "size; errors over frames where the T is found in both"},
         "models": results,
@@ -320,12 +322,14 @@ def openloop_main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-pose", action="store_true", help="skip the push_t T-pose metrics")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--dynamics-steps", type=int, choices=(1, 2, 3), default=None,
+                   help="consistency jumps per predicted latent (default: the model's)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         report = openloop(args.model, args.data, args.episodes, args.horizon, args.baseline_mse, args.out, args.videos,
-                          args.seed, args.split, not args.no_pose, args.device)
+                          args.seed, args.split, not args.no_pose, args.device, dynamics_steps=args.dynamics_steps)
     except (EvalError, DatasetError, CheckpointError) as exc:
         print(f"iws eval openloop: error: {exc}", file=sys.stderr)
         return 2

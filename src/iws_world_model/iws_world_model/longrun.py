@@ -41,7 +41,8 @@ def reference_frames(model: str | Path, size: int, data: str | Path | None, samp
 
 def longrun(model: str | Path, minutes: float = 10.0, rate: float | None = None, out: str | Path | None = None, seed: int = 0,
             data: str | Path | None = None, start_window: int = 0, video_every: int | None = None,
-            margin: float = 0.25, min_fraction: float = 0.95, device: str | None = None, progress: bool = True) -> dict:
+            margin: float = 0.25, min_fraction: float = 0.95, device: str | None = None, progress: bool = True,
+            dynamics_steps: int | None = None) -> dict:
     """Closed loop: the pixel push_t expert drives the model from its own (upscaled) frames.
 
     The expert's command goes through the same JointCommandFollower as the ROS node (clamping,
@@ -52,7 +53,7 @@ def longrun(model: str | Path, minutes: float = 10.0, rate: float | None = None,
     from iws_reference_robot.pixel_expert import PushTExpertPolicy
 
     started = time.time()
-    world = WorldModel.load(model, device or default_device())
+    world = WorldModel.load(model, device or default_device(), dynamics_steps=dynamics_steps)
     meta_dataset = world.meta.get("dataset", {})
     profile = load_robot_profile(meta_dataset.get("profile"))
     rate = rate or meta_dataset.get("control_rate_hz") or profile.control_rate_hz  # one model step = one data period
@@ -145,7 +146,7 @@ def longrun(model: str | Path, minutes: float = 10.0, rate: float | None = None,
         "protocol": {"model": str(model), "minutes": minutes, "rate_hz": rate, "steps": steps, "steps_run": done,
                      "seed": seed, "start_window": start_window, "policy": "push_t pixel expert (holds its last "
                      "command while the T is not found)", "profile": profile.name, "camera_size": [cam_h, cam_w],
-                     "image_size": world.image_size, "device": str(world.device), "min_in_distribution_fraction": min_fraction},
+                     "image_size": world.image_size, "dynamics_steps": world.dynamics_steps, "device": str(world.device), "min_in_distribution_fraction": min_fraction},
         "reference": reference,
         "minutes": minutes_report,
         "in_distribution_all_minutes": healthy,
@@ -177,12 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-fraction", type=float, default=0.95, help="in-distribution share each minute must reach")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--dynamics-steps", type=int, choices=(1, 2, 3), default=None,
+                   help="consistency jumps per predicted latent (default: the model's)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         report = longrun(args.model, args.minutes, args.rate, args.out, args.seed, args.data, args.start_window,
-                         args.video_every, args.margin, args.min_fraction, args.device)
+                         args.video_every, args.margin, args.min_fraction, args.device,
+                         dynamics_steps=args.dynamics_steps)
     except (EvalError, DatasetError, CheckpointError, StartWindowError) as exc:
         print(f"iws eval longrun: error: {exc}", file=sys.stderr)
         return 2

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import TrainConfig
-from .consistency import Schedule, consistency_loss, noise_like, sample_jump_times, sample_uniform_times
+from .consistency import Schedule, consistency_loss, intermediate_levels, noise_like, sample_jump_times, sample_uniform_times
 from .networks import WorldModelNetwork, normalize_latent
 from .world_model import images_to_tensor
 
@@ -77,14 +77,24 @@ class StageObjective(nn.Module):
         actions = (2 * (batch["actions"].float() - self.action_low) / (self.action_high - self.action_low) - 1).clamp(-1, 1)
         history, target = latents[:, :-1], latents[:, -1]
         top = self.schedule.timesteps - 1
+        one_jump = torch.ones(b, dtype=torch.bool, device=latents.device)
         if cfg.dynamics_objective == "consistency":
             # History noise t = s in 1..99: the model learns to tolerate its own rollout errors.
             level = torch.randint(1, cfg.history_noise_max + 1, (b, f - 1), device=latents.device)
             history = self.schedule.add_noise(history, level, noise_like(history))
-            t_target = torch.full((b, 1), top, device=latents.device)
-            x_t = self.schedule.add_noise(target, t_target[:, 0], noise_like(target))
-            t = torch.cat([level, t_target], 1)
-            s = torch.cat([level, torch.zeros_like(t_target)], 1)
+            # The target jumps 999 -> 0 (one-step inference). A share of the batch instead starts the
+            # target at the intermediate levels of 2- and 3-step inference (499; 666, 333) and regresses
+            # x0 from there too: inference re-noises its first answer to that level (DDIM) and asks
+            # again, which resolves a contact's outcome that the one jump averages.
+            t_target = torch.full((b,), top, device=latents.device)
+            jumps = int(round(b * self.train_cfg.dynamics_jump_fraction))
+            if jumps:
+                levels = torch.tensor(intermediate_levels(self.schedule.timesteps), device=latents.device)
+                t_target[b - jumps:] = levels[torch.randint(0, len(levels), (jumps,), device=latents.device)]
+                one_jump[b - jumps:] = False
+            x_t = self.schedule.add_noise(target, t_target, noise_like(target))
+            t = torch.cat([level, t_target[:, None]], 1)
+            s = torch.cat([level, torch.zeros_like(t_target)[:, None]], 1)
         else:  # deterministic baseline: same network, plain regression, no noise anywhere
             x_t = torch.zeros_like(target)
             t = torch.zeros((b, f), dtype=torch.long, device=latents.device)
@@ -92,12 +102,14 @@ class StageObjective(nn.Module):
             s = torch.zeros_like(t)
         v = self.network.dynamics(torch.cat([history, x_t[:, None]], 1), t, s, actions, last_only=True)[:, -1]
         prediction = v if cfg.dynamics_objective == "mse" else self.schedule.x0_from_v(x_t, t[:, -1], v)
-        dynamics = F.mse_loss(prediction, target)
+        per_sample = (prediction - target).pow(2).flatten(1).mean(1)
+        dynamics = per_sample.mean()
         joints = (batch["joints"].float() - self.joint_mean) / self.joint_std
         noisy = normalize_latent(latents + self.train_cfg.joint_latent_noise * torch.randn_like(latents))
         joint = F.mse_loss(self.network.joint_head(noisy.flatten(0, 1), actions.flatten(0, 1)), joints.flatten(0, 1))
-        return {"loss": dynamics + self.train_cfg.joint_loss_weight * joint, "dynamics": dynamics.detach(),
-                "joint": joint.detach()}
+        # "dynamics" stays the one-jump error (comparable across runs); "loss" trains every jump.
+        return {"loss": dynamics + self.train_cfg.joint_loss_weight * joint,
+                "dynamics": (per_sample[one_jump].mean() if one_jump.any() else dynamics).detach(), "joint": joint.detach()}
 
     def _latent_shape(self):
         cfg = self.network.config

@@ -53,7 +53,7 @@ def upscale(image: np.ndarray, height: int, width: int | None = None) -> np.ndar
 class WorldModel:
     def __init__(self, network: WorldModelNetwork, normalization: dict, meta: dict | None = None,
                  device: str | torch.device = "cpu", decode_steps: int | None = None, streaming: bool | None = None,
-                 max_command_step=None):
+                 max_command_step=None, dynamics_steps: int | None = None):
         self.device = torch.device(device)
         self.network = network.to(self.device).eval()
         self.config: ModelConfig = network.config
@@ -64,6 +64,9 @@ class WorldModel:
         self.joint_mean, self.joint_std = f("joint_mean"), f("joint_std")
         self.joint_names = list(normalization.get("joint_names", []))
         self.decode_steps = decode_steps or self.config.decode_steps
+        self.dynamics_steps = dynamics_steps or self.config.dynamics_steps
+        if self.dynamics_steps not in (1, 2, 3) or (self.dynamics_steps > 1 and self.config.dynamics_objective == "mse"):
+            raise ValueError(f"dynamics_steps must be 1, 2 or 3 (1 for an mse dynamics), got {self.dynamics_steps}")
         self.streaming = self.config.streaming if streaming is None else streaming
         # Per joint, the farthest a command may lead the arm's joints in one step (the drive's velocity
         # limit times the control period; None: commands pass unchanged). A real drive cannot follow
@@ -135,14 +138,28 @@ class WorldModel:
         return torch.full((n, frames), level, dtype=torch.long, device=self.device)
 
     def _predict(self, frames: torch.Tensor, actions: torch.Tensor, t: torch.Tensor, commit: int) -> torch.Tensor:
-        """Run the dynamics on ``frames`` whose last one is the target; returns the new latent (N, L, h, w)."""
+        """Run the dynamics on ``frames`` whose last one is the target (pure noise at t = T-1); returns
+        the new latent (N, L, h, w). With ``dynamics_steps`` > 1 each answer is re-noised to the next
+        level of ``decode_times`` (a DDIM step) and the target asked again; the first call commits
+        ``commit`` frames to the cache, later ones re-run the target frame alone against it."""
         s = t.clone()
         s[:, -1] = 0
-        v = self.network.dynamics(frames, t, s, actions, self._cache if self.streaming else None, commit)[:, -1]
+        cache = self._cache if self.streaming else None
         if self.config.dynamics_objective == "mse":
-            return normalize_latent(v)
-        top = t[:, -1]
-        return normalize_latent(self.schedule.x0_from_v(frames[:, -1], top, v))
+            return normalize_latent(self.network.dynamics(frames, t, s, actions, cache, commit)[:, -1])
+        times = decode_times(self.dynamics_steps, self.config.timesteps)
+        x = frames[:, -1]
+        for k, (level, following) in enumerate(zip(times, times[1:])):
+            if k:
+                if self.streaming:
+                    frames, actions, t, s, commit = x[:, None], actions[:, -1:], t[:, -1:].clone(), s[:, -1:], 0
+                else:
+                    frames, t = torch.cat([frames[:, :-1], x[:, None]], 1), t.clone()
+                t[:, -1] = level
+            v = self.network.dynamics(frames, t, s, actions, cache, commit)[:, -1]
+            x0_hat = self.schedule.x0_from_v(x, t[:, -1], v)
+            x = x0_hat if following == 0 else self.schedule.renoise(x, t[:, -1], torch.full_like(t[:, -1], following), x0_hat)
+        return normalize_latent(x)
 
     def _target_frame(self, n: int) -> torch.Tensor:
         shape = (n, 1, *self._latent_shape)

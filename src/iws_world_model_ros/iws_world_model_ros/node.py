@@ -50,6 +50,7 @@ class WorldModelNode(SimulatorNode):
         self.declare_parameter("native_resolution", False)
         self.declare_parameter("threads", 1)
         self.declare_parameter("decode_steps", 0)
+        self.declare_parameter("dynamics_steps", 0)  # 0 = the model's own
         # Real-time tick rate; 0 = the profile's control rate. Each step still advances sim time by one
         # control period (what the model was trained on): the override measures capacity, e.g. at 15 Hz.
         # Dynamically typed so that `-p rate_hz:=15` (an integer on the command line) is accepted too.
@@ -71,8 +72,9 @@ class WorldModelNode(SimulatorNode):
         torch.set_num_threads(threads)
         torch.set_num_interop_threads(1)
         decode_steps = int(self.get_parameter("decode_steps").value) or None
+        dynamics_steps = int(self.get_parameter("dynamics_steps").value) or None
         self.world = WorldModel.load(self.model_path, threads=threads, decode_steps=decode_steps,
-                                     max_command_step=self.profile.max_joint_step())
+                                     dynamics_steps=dynamics_steps, max_command_step=self.profile.max_joint_step())
         self._upscale = upscale
         if self.world.joint_dim != self.profile.joints.count:
             raise ValueError(f"model {self.model_path} predicts {self.world.joint_dim} joints, "
