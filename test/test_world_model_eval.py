@@ -62,6 +62,20 @@ def test_real_frames_as_prediction_score_perfectly(tiny_world_model, dataset_dir
     json.dumps(metrics.jsonable(result))  # capped, so valid JSON
 
 
+def test_separable_ssim_equals_torchmetrics():
+    """metrics.ssim filters with the 1-D window twice; it must give torchmetrics' numbers."""
+    import torch
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
+    rng = np.random.default_rng(0)
+    real = rng.integers(0, 256, (6, 40, 56, 3), dtype=np.uint8)
+    pred = np.clip(real.astype(int) + rng.integers(-60, 60, real.shape), 0, 255).astype(np.uint8)
+    p, r = metrics.to_unit(pred), metrics.to_unit(real)
+    expected = structural_similarity_index_measure(p, r, data_range=1.0, reduction="none")
+    torch.testing.assert_close(metrics.ssim(p, r), expected, atol=1e-12, rtol=0)
+    assert float(metrics.ssim(r, r).min()) == pytest.approx(1.0, abs=1e-12)
+
+
 def test_drift_statistics_accept_real_frames_and_flag_noise(dataset_dir):
     real = evaluate.resize(np.asarray(Dataset(dataset_dir).images[::4]), 32)
     reference = metrics.reference_range(real)

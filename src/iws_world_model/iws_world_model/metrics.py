@@ -9,7 +9,8 @@ import math
 
 import numpy as np
 import torch
-from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
+import torch.nn.functional as F
+from torchmetrics.functional.image import peak_signal_noise_ratio
 
 PSNR_CAP_DB = 100.0  # identical frames have infinite PSNR; JSON has no infinity, so it is capped
 
@@ -19,21 +20,51 @@ def to_unit(images: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).double().div_(255.0)
 
 
+def _gaussian_taps(sigma: float = 1.5, dtype=torch.float64) -> torch.Tensor:
+    size = int(3.5 * sigma + 0.5) * 2 + 1  # 11 taps at sigma 1.5, as torchmetrics
+    x = torch.arange(size, dtype=dtype) - (size - 1) / 2
+    g = torch.exp(-(x / sigma) ** 2 / 2)
+    return g / g.sum()
+
+
+def ssim(pred: torch.Tensor, real: torch.Tensor, data_range: float = 1.0, k1: float = 0.01, k2: float = 0.03) -> torch.Tensor:
+    """Per-image SSIM of (M, C, H, W) floats: torchmetrics' structural_similarity_index_measure
+    (Gaussian window 11 x 11, sigma 1.5, reflect padding, mean over the whole map), but filtering
+    with the separable 1-D window twice instead of the 11 x 11 one: the same numbers (the 2-D
+    window is the outer product of the 1-D one), 5x less arithmetic. Open-loop evaluation spent
+    most of its time here."""
+    taps = _gaussian_taps(dtype=pred.dtype).to(pred.device)
+    channels, pad = pred.shape[1], (len(taps) - 1) // 2
+    rows, cols = taps.view(1, 1, -1, 1).repeat(channels, 1, 1, 1), taps.view(1, 1, 1, -1).repeat(channels, 1, 1, 1)
+
+    def blur(x: torch.Tensor) -> torch.Tensor:
+        x = F.pad(x, (pad, pad, pad, pad), mode="reflect")
+        return F.conv2d(F.conv2d(x, rows, groups=channels), cols, groups=channels)
+
+    c1, c2 = (k1 * data_range) ** 2, (k2 * data_range) ** 2
+    mu_p, mu_r = blur(pred), blur(real)
+    var_p = (blur(pred * pred) - mu_p ** 2).clamp(min=0.0)
+    var_r = (blur(real * real) - mu_r ** 2).clamp(min=0.0)
+    cov = blur(pred * real) - mu_p * mu_r
+    index = ((2 * mu_p * mu_r + c1) * (2 * cov + c2)) / ((mu_p ** 2 + mu_r ** 2 + c1) * (var_p + var_r + c2))
+    return index.flatten(1).mean(1)
+
+
 @torch.inference_mode()
-def frame_fidelity(pred: np.ndarray, real: np.ndarray, chunk: int = 512) -> dict[str, np.ndarray]:
+def frame_fidelity(pred: np.ndarray, real: np.ndarray, chunk: int = 256) -> dict[str, np.ndarray]:
     """Per-frame PSNR (dB, capped at PSNR_CAP_DB) and SSIM of ``pred`` against ``real`` (same shape)."""
     pred, real = np.asarray(pred), np.asarray(real)
     if pred.shape != real.shape:
         raise ValueError(f"predicted frames {pred.shape} and real frames {real.shape} differ in shape")
     lead = pred.shape[:-3]
     pred, real = pred.reshape(-1, *pred.shape[-3:]), real.reshape(-1, *real.shape[-3:])
-    psnr, ssim = [], []
+    psnr, structure = [], []
     for i in range(0, len(pred), chunk):
         p, r = to_unit(pred[i:i + chunk]), to_unit(real[i:i + chunk])
         psnr.append(peak_signal_noise_ratio(p, r, data_range=1.0, reduction="none", dim=(1, 2, 3)).clamp(max=PSNR_CAP_DB))
-        ssim.append(structural_similarity_index_measure(p, r, data_range=1.0, reduction="none"))
+        structure.append(ssim(p, r))
     cat = lambda parts: (torch.cat(parts).numpy() if parts else np.zeros(0, np.float32)).reshape(lead)
-    return {"psnr": cat(psnr), "ssim": cat(ssim)}
+    return {"psnr": cat(psnr), "ssim": cat(structure)}
 
 
 def joint_error(pred: np.ndarray, real: np.ndarray) -> np.ndarray:
