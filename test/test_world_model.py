@@ -398,6 +398,16 @@ def test_streaming_world_matches_window_recompute_on_first_step(run_dir, dataset
     assert np.abs(image_a.astype(int) - image_b.astype(int)).max() <= 1
 
 
+def test_channels_last_layout_gives_the_same_step(run_dir, dataset_dir):
+    """The CPU default lays the weights out channels-last for speed; the prediction must not change."""
+    fast, plain = WorldModel.load(run_dir), WorldModel.load(run_dir, channels_last=False)
+    assert fast.network.decoder.out.weight.is_contiguous(memory_format=torch.channels_last)
+    (image_a, joints_a), (image_b, joints_b) = rollout(fast, dataset_dir, 3, steps=1)[0], rollout(plain, dataset_dir, 3, steps=1)[0]
+    torch.testing.assert_close(fast.latent, plain.latent, atol=1e-5, rtol=1e-5)
+    assert np.abs(image_a.astype(int) - image_b.astype(int)).max() <= 1
+    np.testing.assert_allclose(joints_a, joints_b, atol=1e-5)
+
+
 # config and bench ------------------------------------------------------------------------------
 def test_config_errors_name_the_key(tmp_path):
     bad = tmp_path / "bad.yaml"
