@@ -38,8 +38,8 @@ def measure(world: WorldModel, batch: int, steps: int, warmup: int, seed: int = 
     p50 = float(np.median(ms))
     return {"fps": round(1000.0 / p50 * batch, 2), "ms_p50": round(p50, 3), "ms_p95": round(float(np.percentile(ms, 95)), 3),
             "batch": batch, "steps": steps, "threads": torch.get_num_threads(), "decode_steps": world.decode_steps,
-            "dynamics_steps": world.dynamics_steps,
-            "streaming": world.streaming, "image_size": s, "window": k,
+            "dynamics_steps": world.dynamics_steps, "streaming": world.streaming,
+            "channels_last": world.channels_last, "image_size": s, "window": k,
             "parameters": world.network.parameter_counts()["total"]}
 
 
@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode-steps", type=int, choices=(1, 2, 3), default=None)
     p.add_argument("--dynamics-steps", type=int, choices=(1, 2, 3), default=None,
                    help="consistency jumps per predicted latent (default: the model's)")
+    p.add_argument("--contiguous", action="store_true",
+                   help="keep the weights contiguous (the baseline of the CPU's channels-last default)")
     p.add_argument("--full-window", action="store_true", help="recompute the window every step (no key/value cache)")
     p.add_argument("--joints", type=int, default=3, help="joint count for an untrained model")
     p.add_argument("--device", default="cpu")
@@ -60,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     threads = args.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
-    kwargs = {"decode_steps": args.decode_steps, "dynamics_steps": args.dynamics_steps, "streaming": False if args.full_window else None}
+    kwargs = {"decode_steps": args.decode_steps, "dynamics_steps": args.dynamics_steps, "streaming": False if args.full_window else None,
+              "channels_last": False if args.contiguous else None}
     try:
         if Path(args.model).suffix in (".yaml", ".yml"):
             model_cfg, _ = load_config(args.model)

@@ -59,7 +59,8 @@ class WorldModel:
         # On the CPU, oneDNN convolutions run faster on channels-last weights: one step of the push_t
         # model took about 30 % less time at batch 1 (docs/benchmarks.md); the numbers agree to float
         # rounding. None: on for the CPU.
-        if self.device.type == "cpu" if channels_last is None else channels_last:
+        self.channels_last = self.device.type == "cpu" if channels_last is None else channels_last
+        if self.channels_last:
             self.network.to(memory_format=torch.channels_last)
         self.config: ModelConfig = network.config
         self.meta = meta or {}
