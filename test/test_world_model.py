@@ -217,6 +217,20 @@ def test_multistep_dynamics_trains_the_jumps_it_rolls_out_with(tmp_path, dataset
         WorldModel.load(out, dynamics_steps=4)
 
 
+def test_warm_start_of_every_stage_for_a_new_task(tmp_path, dataset_dir, run_dir):
+    """--init-weights with stage 1 in the plan retrains every stage from CKPT (rope or pile on the
+    push_t model's robot and camera): stage 1 starts where CKPT's ended, not from scratch."""
+    other = make_dataset(tmp_path / "other_square", seed=7)
+    out = tmp_path / "warm_all"
+    assert train.main(["--config", str(TINY), "--data", str(other), "--out", str(out), "--steps", "5",
+                       "--init-weights", str(run_dir), "--device", "cpu"]) == 0
+    meta = json.loads((out / checkpoint.CONFIG).read_text())["training"]
+    fresh = json.loads((run_dir / checkpoint.CONFIG).read_text())["training"]["stages"]["1"]
+    assert meta["completed"] == [1, 2, 3] and meta["warm_start"]["from"] == str(run_dir)
+    assert all(meta["stages"][k]["steps"] == 5 for k in ("1", "2", "3"))
+    assert meta["stages"]["1"]["loss_first"] < 0.5 * fresh["loss_first"], (meta["stages"]["1"], fresh)
+
+
 def test_cached_latents_give_the_same_stage2_loss(run_dir, dataset_dir):
     """Stage 2 encodes the dataset once; its loss must equal the one computed from images."""
     cfg, train_cfg = load_config(TINY)

@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                            "(a baseline of equal size over the same autoencoder)")
     init.add_argument("--init-weights", default=None, metavar="CKPT",
                       help="like --init-autoencoder, but start the later stages from CKPT's weights too, "
-                           "wherever the --config model shares a weight's name and shape (warm start)")
+                           "wherever the --config model shares a weight's name and shape (warm start); with "
+                           "stage 1 in the plan every stage starts from CKPT (a new task on the same robot)")
     args = p.parse_args(argv)
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -324,9 +325,12 @@ def main(argv: list[str] | None = None) -> int:
             trainer.warm_start = resume_state.get("warm_start")
             torch.set_rng_state(resume_state["torch_rng"])
         elif args.init_autoencoder or args.init_weights:
-            if plan[0] == 1:
-                raise checkpoint.CheckpointError("--init-autoencoder/--init-weights replace stage 1: pass --stage 2 (or 3)")
+            if plan[0] == 1 and args.init_autoencoder:
+                raise checkpoint.CheckpointError("--init-autoencoder keeps CKPT's autoencoder, which stage 1 would "
+                                                 "retrain: pass --stage 2 (or 3), or --init-weights to fine-tune it")
             trainer.load_autoencoder(Path(args.init_autoencoder or args.init_weights), everything=bool(args.init_weights))
+            if plan[0] == 1:  # every stage again, from CKPT's weights: a new task on the same robot and camera
+                trainer.completed, trainer.stats = [], {}
         elif plan[0] == 1 and (out / checkpoint.WEIGHTS).exists():
             raise checkpoint.CheckpointError(f"{out}: already holds a checkpoint; pass --resume, "
                                              "--stage 2/3 to train later stages on it, or choose a new --out")
