@@ -26,7 +26,7 @@ class ModelConfig:
     decoder_blocks: int = 1                 # res blocks per level
     decoder_attention: bool = True          # self-attention in the U-Net middle
     decode_steps: int = 1                   # consistency jumps at inference (1-3)
-    dynamics_steps: int = 1                 # consistency jumps for the next latent at inference (1-3)
+    dynamics_steps: int = 1                 # dynamics calls per next latent (1: the paper's one jump; 2-3 re-noise between)
     dynamics_channels: list[int] = dataclasses.field(default_factory=lambda: [64, 64, 64])  # one block each
     dynamics_heads: int = 4
     dynamics_spatial_attention: bool = False  # one per-frame spatial attention after the last block
@@ -101,7 +101,7 @@ class TrainConfig:
     weight_decay: float = 1e-4
     grad_clip: float = 1.0
     terminal_fraction: float = 0.5   # stage 1: share of the batch trained on the inference jumps
-    dynamics_jump_fraction: float = 0.0  # stage 2: share of the batch on the jumps of 2-3 step dynamics
+    dynamics_jump_fraction: float = 0.0  # stage 2: share of the batch whose target starts at 333/499/666, not 999
     stage3_latent_noise: float = 0.02
     joint_loss_weight: float = 1.0
     joint_latent_noise: float = 0.02  # the joint head must read predicted (imperfect) latents
