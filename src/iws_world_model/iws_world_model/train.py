@@ -329,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise checkpoint.CheckpointError("--init-autoencoder keeps CKPT's autoencoder, which stage 1 would "
                                                  "retrain: pass --stage 2 (or 3), or --init-weights to fine-tune it")
             trainer.load_autoencoder(Path(args.init_autoencoder or args.init_weights), everything=bool(args.init_weights))
-            if plan[0] == 1:  # every stage again, from CKPT's weights: a new task on the same robot and camera
+            # Every stage again from CKPT's weights: a new task on the same robot and camera. The action
+            # and joint normalisation stays CKPT's (the robot's workspace; rope and pile span push_t's).
+            if plan[0] == 1:
                 trainer.completed, trainer.stats = [], {}
         elif plan[0] == 1 and (out / checkpoint.WEIGHTS).exists():
             raise checkpoint.CheckpointError(f"{out}: already holds a checkpoint; pass --resume, "
