@@ -231,6 +231,18 @@ def test_warm_start_of_every_stage_for_a_new_task(tmp_path, dataset_dir, run_dir
     assert meta["stages"]["1"]["loss_first"] < 0.5 * fresh["loss_first"], (meta["stages"]["1"], fresh)
 
 
+def test_a_checkpoint_from_before_a_config_key_trains_on(tmp_path, dataset_dir, run_dir):
+    """config.json of an older checkpoint lacks keys added since (dynamics_steps); their defaults
+    apply, so stage 3 (or --resume) on it must not call the model different from the --config one."""
+    old = tmp_path / "old"
+    shutil.copytree(run_dir, old)
+    meta = json.loads((old / checkpoint.CONFIG).read_text())
+    del meta["model"]["dynamics_steps"]
+    (old / checkpoint.CONFIG).write_text(json.dumps(meta))
+    assert train.main(["--config", str(TINY), "--data", str(dataset_dir), "--out", str(old), "--stage", "3",
+                       "--steps", "2", "--device", "cpu"]) == 0
+
+
 def test_cached_latents_give_the_same_stage2_loss(run_dir, dataset_dir):
     """Stage 2 encodes the dataset once; its loss must equal the one computed from images."""
     cfg, train_cfg = load_config(TINY)

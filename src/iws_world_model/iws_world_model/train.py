@@ -122,7 +122,8 @@ class Trainer:
     # checkpoints --------------------------------------------------------------------------------
     def load_weights(self, directory: Path) -> None:
         network, meta = checkpoint.load(directory, self.device)
-        if meta["model"] != dataclasses.asdict(self.model_cfg):
+        # Compare parsed configs: a checkpoint written before a config key existed has its default.
+        if dataclasses.asdict(network.config) != dataclasses.asdict(self.model_cfg):
             raise checkpoint.CheckpointError(f"{directory / checkpoint.CONFIG}: model differs from the --config model")
         self.network.load_state_dict(network.state_dict())
         self.normalization = meta["normalization"]
