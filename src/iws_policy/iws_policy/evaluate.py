@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from iws_common.profile import default_model_dir
+
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 
@@ -212,7 +214,7 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
         session.wait_ready()
         if backend == "world_model":
             from iws_world_model.checkpoint import read_meta
-            window_frames = int(read_meta(model or _default_model())["model"]["window"])
+            window_frames = int(read_meta(model or default_model_dir())["model"]["window"])
         for k in tqdm(range(episodes), desc=f"evaluate on {backend}", disable=not progress, dynamic_ncols=True):
             episode_seed = seed + k
             runner = make_runner(policy, profile, seed=episode_seed, action_horizon=action_horizon)
@@ -278,12 +280,7 @@ def stop_on_sigterm() -> None:
 def model_weights(model: str | None) -> str:
     """The digest of the world model an evaluation ran (None: the shipped default)."""
     from iws_world_model.checkpoint import weights_digest
-    return weights_digest(model or _default_model())
-
-
-def _default_model() -> str:
-    from iws_common.profile import default_model_dir
-    return str(default_model_dir())
+    return weights_digest(model or default_model_dir())
 
 
 def main(argv: list[str] | None = None) -> int:

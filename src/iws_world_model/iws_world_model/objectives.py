@@ -77,7 +77,6 @@ class StageObjective(nn.Module):
         actions = (2 * (batch["actions"].float() - self.action_low) / (self.action_high - self.action_low) - 1).clamp(-1, 1)
         history, target = latents[:, :-1], latents[:, -1]
         top = self.schedule.timesteps - 1
-        one_jump = torch.ones(b, dtype=torch.bool, device=latents.device)
         if cfg.dynamics_objective == "consistency":
             # History noise t = s in 1..99: the model learns to tolerate its own rollout errors.
             level = torch.randint(1, cfg.history_noise_max + 1, (b, f - 1), device=latents.device)
@@ -91,7 +90,6 @@ class StageObjective(nn.Module):
             if jumps:
                 levels = torch.tensor(intermediate_levels(self.schedule.timesteps), device=latents.device)
                 t_target[b - jumps:] = levels[torch.randint(0, len(levels), (jumps,), device=latents.device)]
-                one_jump[b - jumps:] = False
             x_t = self.schedule.add_noise(target, t_target, noise_like(target))
             t = torch.cat([level, t_target[:, None]], 1)
             s = torch.cat([level, torch.zeros_like(t_target)[:, None]], 1)
@@ -108,6 +106,7 @@ class StageObjective(nn.Module):
         noisy = normalize_latent(latents + self.train_cfg.joint_latent_noise * torch.randn_like(latents))
         joint = F.mse_loss(self.network.joint_head(noisy.flatten(0, 1), actions.flatten(0, 1)), joints.flatten(0, 1))
         # "dynamics" stays the one-jump error (comparable across runs); "loss" trains every jump.
+        one_jump = t[:, -1] == top
         return {"loss": dynamics + self.train_cfg.joint_loss_weight * joint,
                 "dynamics": (per_sample[one_jump].mean() if one_jump.any() else dynamics).detach(), "joint": joint.detach()}
 

@@ -10,6 +10,7 @@ dimension (N worlds) on every argument gives N parallel worlds with the same cal
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -71,8 +72,8 @@ class WorldModel:
         self.joint_names = list(normalization.get("joint_names", []))
         self.decode_steps = decode_steps or self.config.decode_steps
         self.dynamics_steps = dynamics_steps or self.config.dynamics_steps
-        if self.dynamics_steps not in (1, 2, 3) or (self.dynamics_steps > 1 and self.config.dynamics_objective == "mse"):
-            raise ValueError(f"dynamics_steps must be 1, 2 or 3 (1 for an mse dynamics), got {self.dynamics_steps}")
+        # The override meets the config's own rules (ConfigError is a ValueError).
+        dataclasses.replace(self.config, dynamics_steps=self.dynamics_steps).validate("WorldModel")
         self.streaming = self.config.streaming if streaming is None else streaming
         # Per joint, the farthest a command may lead the arm's joints in one step (the drive's velocity
         # limit times the control period; None: commands pass unchanged). A real drive cannot follow

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from iws_common.profile import default_model_dir
 from iws_common.stats import StepTimer
 
 
@@ -34,8 +35,7 @@ class BenchError(RuntimeError):
 
 def resolve_model(model: str | None) -> Path:
     """The checkpoint to serve: --model, else the shipped models/push_t, with a clear error if absent."""
-    from iws_world_model_ros.node import default_model_path
-    path = Path(model or default_model_path())
+    path = Path(model) if model else default_model_dir()
     if not (path / "config.json").is_file():
         what = "the shipped model" if model is None else "--model"
         raise BenchError(f"no world model checkpoint at {path} ({what}); pass --model DIR, a checkpoint "

@@ -35,10 +35,6 @@ from iws_interfaces.srv import ResetWorld, StepWorld
 GIL_SWITCH_INTERVAL_S = 1e-4
 
 
-def default_model_path() -> str:
-    return str(default_model_dir())
-
-
 class WorldModelNode(SimulatorNode):
     backend = "world_model"
 
@@ -61,7 +57,7 @@ class WorldModelNode(SimulatorNode):
         if rate_hz > 0:
             self.target_rate_hz = float(rate_hz)
         self.tick_period = 1.0 / self.target_rate_hz
-        self.model_path = str(self.get_parameter("model").value) or default_model_path()
+        self.model_path = str(self.get_parameter("model").value) or str(default_model_dir())
 
         # torch and the model load here, so a bad profile or mode fails before the slow part.
         import torch
