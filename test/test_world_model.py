@@ -178,6 +178,40 @@ def test_warm_start_adds_the_action_map_without_changing_the_model(tmp_path, dat
                     "--init-weights", str(source), "--init-autoencoder", str(source)])
 
 
+def test_self_forcing_feeds_the_models_own_predictions_as_history(tmp_path, dataset_dir, run_dir):
+    """self_forcing_fraction replaces the newest history frames of that share of a stage-2 batch by
+    the model's own chained predictions (close to the real latents, not equal), leaves the oldest
+    frame and the rest of the batch real, and trains to a finite loss."""
+    cfg_path = tmp_path / "tiny_self_forcing.yaml"
+    cfg_path.write_text(TINY.read_text().replace(
+        "checkpoint_every: 20", "checkpoint_every: 20\n  self_forcing_fraction: 0.5\n  self_forcing_frames: 2"))
+    model_cfg, train_cfg = load_config(cfg_path)
+    network, meta = checkpoint.load(run_dir)
+    objective = train.StageObjective(network, 2, train_cfg, meta["normalization"])
+    data = train.WindowData(Dataset(dataset_dir), model_cfg.window + 1)
+    batch = torch.utils.data.default_collate([data[i] for i in range(16)])
+    with torch.no_grad():
+        latents = network.encoder(objective._images(batch).flatten(0, 1)).reshape(16, model_cfg.window + 1, -1, 8, 8)
+    low, high = objective.action_low, objective.action_high
+    actions = (2 * (batch["actions"] - low) / (high - low) - 1).clamp(-1, 1)
+    history = latents[:, :-1]
+    torch.manual_seed(0)
+    forced = objective._self_forced(history, actions)
+    k = history.shape[1]
+    assert torch.equal(forced[8:], history[8:]) and torch.equal(forced[:, :k - 2], history[:, :k - 2])
+    own_error = (forced[:8, k - 2:] - history[:8, k - 2:]).pow(2).mean()
+    unrelated = (history[:8, k - 2:] - history[8:, k - 2:]).pow(2).mean()  # other windows' latents
+    assert 0 < own_error < unrelated, (own_error, unrelated)
+    torch.manual_seed(0)
+    assert torch.equal(objective._self_forced(history, actions), forced)  # seeded: reproducible
+
+    out = tmp_path / "self_forced"
+    assert train.main(["--config", str(cfg_path), "--data", str(dataset_dir), "--out", str(out), "--stage", "2",
+                       "--steps", "20", "--init-weights", str(run_dir), "--device", "cpu"]) == 0
+    stats = json.loads((out / checkpoint.CONFIG).read_text())["training"]["stages"]["2"]
+    assert np.isfinite(stats["dynamics_last"]) and np.isfinite(stats["loss_last"])
+
+
 def test_multistep_dynamics_trains_the_jumps_it_rolls_out_with(tmp_path, dataset_dir, run_dir):
     """dynamics_jump_fraction starts half of each stage-2 batch's targets at the intermediate noise
     levels of 2- and 3-step inference (499; 666, 333) instead of 999, all regressed onto the clean
@@ -447,9 +481,10 @@ def test_config_errors_name_the_key(tmp_path):
         bad.write_text(text)
         with pytest.raises(ConfigError, match="dynamics_steps"):
             load_config(bad)
-    bad.write_text("train:\n  dynamics_jump_fraction: 1.5\n")
-    with pytest.raises(ConfigError, match="dynamics_jump_fraction"):
-        load_config(bad)
+    for key, value in (("dynamics_jump_fraction", 1.5), ("self_forcing_fraction", -0.1), ("self_forcing_frames", -1)):
+        bad.write_text(f"train:\n  {key}: {value}\n")
+        with pytest.raises(ConfigError, match=key):
+            load_config(bad)
     for name in ("push_t", "paper_128", "tiny"):
         load_config(ROOT / f"config/models/{name}.yaml")
 

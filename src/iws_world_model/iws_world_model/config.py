@@ -102,6 +102,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     terminal_fraction: float = 0.5   # stage 1: share of the batch trained on the inference jumps
     dynamics_jump_fraction: float = 0.0  # stage 2: share of the batch whose target starts at 333/499/666, not 999
+    self_forcing_fraction: float = 0.0   # stage 2: share of the batch whose newest history frames are the model's own predictions
+    self_forcing_frames: int = 2         # how many of the newest history frames (chained one-jump predictions)
     stage3_latent_noise: float = 0.02
     joint_loss_weight: float = 1.0
     joint_latent_noise: float = 0.02  # the joint head must read predicted (imperfect) latents
@@ -120,9 +122,11 @@ class TrainConfig:
                 raise ConfigError(f"{where}.{name}.lr: must be positive, got {stage.lr!r}")
             if not 0 < stage.final_lr_fraction <= 1:
                 raise ConfigError(f"{where}.{name}.final_lr_fraction: must lie in (0, 1], got {stage.final_lr_fraction!r}")
-        for key in ("terminal_fraction", "dynamics_jump_fraction"):
+        for key in ("terminal_fraction", "dynamics_jump_fraction", "self_forcing_fraction"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"{where}.{key}: must lie in [0, 1], got {getattr(self, key)!r}")
+        if self.self_forcing_frames < 0:
+            raise ConfigError(f"{where}.self_forcing_frames: must be >= 0, got {self.self_forcing_frames!r}")
         if self.checkpoint_every < 1 or self.log_every < 1:
             raise ConfigError(f"{where}: checkpoint_every and log_every must be >= 1")
 

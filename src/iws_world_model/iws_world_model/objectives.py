@@ -78,6 +78,7 @@ class StageObjective(nn.Module):
         history, target = latents[:, :-1], latents[:, -1]
         top = self.schedule.timesteps - 1
         if cfg.dynamics_objective == "consistency":
+            history = self._self_forced(history, actions)
             # History noise t = s in 1..99: the model learns to tolerate its own rollout errors.
             level = torch.randint(1, cfg.history_noise_max + 1, (b, f - 1), device=latents.device)
             history = self.schedule.add_noise(history, level, noise_like(history))
@@ -109,6 +110,32 @@ class StageObjective(nn.Module):
         one_jump = t[:, -1] == top
         return {"loss": dynamics + self.train_cfg.joint_loss_weight * joint,
                 "dynamics": (per_sample[one_jump].mean() if one_jump.any() else dynamics).detach(), "joint": joint.detach()}
+
+    @torch.no_grad()
+    def _self_forced(self, history: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """History (B, K, ...) whose newest ``self_forcing_frames`` frames are, for the first
+        ``self_forcing_fraction`` of the batch, the model's own chained one-jump predictions, made as
+        a rollout makes them (history labelled ``history_level``, target from pure noise). The target
+        stays the real next frame: the model learns to answer from its own imperfect past, which the
+        history noise only imitates. Frame 0 stays real; the rest of the batch is untouched."""
+        cfg, train = self.network.config, self.train_cfg
+        b, k = history.shape[:2]
+        share = int(round(b * train.self_forcing_fraction))
+        first = max(1, k - train.self_forcing_frames)
+        if share == 0 or first >= k:
+            return history
+        top, dev = self.schedule.timesteps - 1, history.device
+        own = history[:share].clone()
+        for j in range(first, k):
+            noise = noise_like(own[:, j])
+            t = torch.full((share, j + 1), cfg.history_level, dtype=torch.long, device=dev)
+            t[:, -1] = top
+            s = t.clone()
+            s[:, -1] = 0
+            frames = torch.cat([own[:, :j], noise[:, None]], 1)
+            v = self.network.dynamics(frames, t, s, actions[:share, :j + 1], last_only=True)[:, -1]
+            own[:, j] = normalize_latent(self.schedule.x0_from_v(noise, t[:, -1], v))
+        return torch.cat([own, history[share:]])
 
     def _latent_shape(self):
         cfg = self.network.config
