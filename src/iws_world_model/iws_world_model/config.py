@@ -102,7 +102,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     terminal_fraction: float = 0.5   # stage 1: share of the batch trained on the inference jumps
     dynamics_jump_fraction: float = 0.0  # stage 2: share of the batch whose target starts at 333/499/666, not 999
-    self_forcing_fraction: float = 0.0   # stage 2: share of the batch whose newest history frames are the model's own predictions
+    self_forcing_fraction: float = 0.0   # stage 2 (consistency dynamics): share of the batch whose newest history frames are its own predictions
     self_forcing_frames: int = 2         # how many of the newest history frames (chained one-jump predictions)
     stage3_latent_noise: float = 0.02
     joint_loss_weight: float = 1.0

@@ -1,7 +1,8 @@
 """The loss of each training stage, as one nn.Module so that DDP can wrap it.
 
   1  encoder + decoder on reconstruction (consistency loss, uniform (t, s) mixed with inference jumps)
-  2  dynamics (+ joint head), autoencoder frozen: the next latent from K noisy-history latents
+  2  dynamics (+ joint head), autoencoder frozen: the next latent from K noisy-history latents (with
+     self-forcing, the newest of them the model's own predictions for part of the batch)
   3  decoder fine-tuned on slightly noisy latents, on the inference jumps only
 """
 from __future__ import annotations
