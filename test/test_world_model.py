@@ -191,9 +191,8 @@ def test_self_forcing_feeds_the_models_own_predictions_as_history(tmp_path, data
     data = train.WindowData(Dataset(dataset_dir), model_cfg.window + 1)
     batch = torch.utils.data.default_collate([data[i] for i in range(16)])
     with torch.no_grad():
-        latents = network.encoder(objective._images(batch).flatten(0, 1)).reshape(16, model_cfg.window + 1, -1, 8, 8)
-    low, high = objective.action_low, objective.action_high
-    actions = (2 * (batch["actions"] - low) / (high - low) - 1).clamp(-1, 1)
+        latents = network.encoder(objective._images(batch).flatten(0, 1)).reshape(16, -1, *objective._latent_shape())
+    actions = objective._actions(batch)
     history = latents[:, :-1]
     torch.manual_seed(0)
     forced = objective._self_forced(history, actions)

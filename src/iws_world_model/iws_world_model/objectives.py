@@ -35,6 +35,10 @@ class StageObjective(nn.Module):
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         return {1: self.autoencoder_loss, 2: self.dynamics_loss, 3: self.decoder_finetune_loss}[self.stage](batch)
 
+    def _actions(self, batch) -> torch.Tensor:
+        """The batch's commands mapped to [-1, 1] by the dataset's action range."""
+        return (2 * (batch["actions"].float() - self.action_low) / (self.action_high - self.action_low) - 1).clamp(-1, 1)
+
     def _images(self, batch) -> torch.Tensor:
         return images_to_tensor(batch["images"], self.network.config.image_size, self.action_low.device)
 
@@ -75,7 +79,7 @@ class StageObjective(nn.Module):
             b, f = image.shape[:2]
             with torch.no_grad():
                 latents = self.network.encoder(image.flatten(0, 1)).reshape(b, f, *self._latent_shape())
-        actions = (2 * (batch["actions"].float() - self.action_low) / (self.action_high - self.action_low) - 1).clamp(-1, 1)
+        actions = self._actions(batch)
         history, target = latents[:, :-1], latents[:, -1]
         top = self.schedule.timesteps - 1
         if cfg.dynamics_objective == "consistency":
