@@ -13,8 +13,8 @@ from iws_data.dataset import Dataset, DatasetWriter
 from iws_world_model import bench, checkpoint, train
 from iws_world_model.checkpoint import CheckpointError
 from iws_world_model.config import ConfigError, load_config
-from iws_world_model.consistency import Schedule, decode_times
-from iws_world_model.networks import WorldModelNetwork
+from iws_world_model.consistency import Schedule, decode_times, noise_like
+from iws_world_model.networks import WorldModelNetwork, normalize_latent
 from iws_world_model.world_model import WorldModel, upscale
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,6 +203,20 @@ def test_self_forcing_feeds_the_models_own_predictions_as_history(tmp_path, data
     assert 0 < own_error < unrelated, (own_error, unrelated)
     torch.manual_seed(0)
     assert torch.equal(objective._self_forced(history, actions), forced)  # seeded: reproducible
+
+    # The definition, without the key/value cache: every prediction recomputes its whole window.
+    own, top = history[:8].clone(), objective.schedule.timesteps - 1
+    torch.manual_seed(0)
+    for j in range(k - 2, k):
+        noise = noise_like(own[:, j])
+        t = torch.full((8, j + 1), model_cfg.history_level, dtype=torch.long)
+        t[:, -1] = top
+        s = t.clone()
+        s[:, -1] = 0
+        with torch.no_grad():
+            v = network.dynamics(torch.cat([own[:, :j], noise[:, None]], 1), t, s, actions[:8, :j + 1], last_only=True)
+        own[:, j] = normalize_latent(objective.schedule.x0_from_v(noise, t[:, -1], v[:, -1]))
+    torch.testing.assert_close(forced[:8], own, atol=1e-5, rtol=1e-4)
 
     out = tmp_path / "self_forced"
     assert train.main(["--config", str(cfg_path), "--data", str(dataset_dir), "--out", str(out), "--stage", "2",

@@ -122,7 +122,10 @@ class StageObjective(nn.Module):
         ``self_forcing_fraction`` of the batch, the model's own chained one-jump predictions, made as
         a rollout makes them (history labelled ``history_level``, target from pure noise). The target
         stays the real next frame: the model learns to answer from its own imperfect past, which the
-        history noise only imitates. Frame 0 stays real; the rest of the batch is untouched."""
+        history noise only imitates. Frame 0 stays real; the rest of the batch is untouched.
+
+        Like streaming inference, each prediction runs only the frames it has not seen, over the
+        dynamics' key/value cache (the same numbers as recomputing the window, fewer passes)."""
         cfg, train = self.network.config, self.train_cfg
         b, k = history.shape[:2]
         share = int(round(b * train.self_forcing_fraction))
@@ -131,15 +134,19 @@ class StageObjective(nn.Module):
             return history
         top, dev = self.schedule.timesteps - 1, history.device
         own = history[:share].clone()
+        cache = self.network.dynamics.new_cache()
+        unseen = first  # frames first-unseen .. first-1 are history the cache has not taken in yet
         for j in range(first, k):
             noise = noise_like(own[:, j])
-            t = torch.full((share, j + 1), cfg.history_level, dtype=torch.long, device=dev)
+            t = torch.full((share, unseen + 1), cfg.history_level, dtype=torch.long, device=dev)
             t[:, -1] = top
             s = t.clone()
             s[:, -1] = 0
-            frames = torch.cat([own[:, :j], noise[:, None]], 1)
-            v = self.network.dynamics(frames, t, s, actions[:share, :j + 1], last_only=True)[:, -1]
+            frames = torch.cat([own[:, j - unseen:j], noise[:, None]], 1)
+            v = self.network.dynamics(frames, t, s, actions[:share, j - unseen:j + 1], cache=cache, commit=unseen,
+                                      last_only=True)[:, -1]
             own[:, j] = normalize_latent(self.schedule.x0_from_v(noise, t[:, -1], v))
+            unseen = 1
         return torch.cat([own, history[share:]])
 
     def _latent_shape(self):
