@@ -84,16 +84,20 @@ class SimulatorNode(Node):
                             bool(self.get_parameter("allow_foreign_nodes").value))
         for line in found:
             self.get_logger().warning(f"allow_foreign_nodes: starting beside {line}")
-        if not found:
-            # A driver started after this node is reported too (it cannot be refused any more).
-            self._graph_log = KindThrottle(period_s=10.0)
-            self.create_timer(2.0, self._watch_graph)
+        # Keep watching: a driver started after this node is reported (it cannot be refused any
+        # more), and so is a participant whose node name arrived only after the start-up check.
+        self._graph_reported = set(found)
+        self.create_timer(2.0, self._watch_graph)
 
     def _watch_graph(self) -> None:
-        found = foreign_endpoints(self, self.profile)
-        if found and self._graph_log.should_log("foreign_node")[0]:
-            self.get_logger().error(f"another node now serves this robot's interface: {'; '.join(found)}. "
-                                    "Is a real driver on this domain? Stop this simulator or that node")
+        found = set(foreign_endpoints(self, self.profile))
+        new = sorted(found - self._graph_reported)
+        self._graph_reported = found  # one that leaves and comes back is reported again
+        if new:
+            allowed = bool(self.get_parameter("allow_foreign_nodes").value)
+            log = self.get_logger().warning if allowed else self.get_logger().error
+            log(f"another node now serves this robot's interface: {'; '.join(new)}. "
+                "Is a real driver on this domain? Stop this simulator or that node")
 
     def create_world_services(self, callback_group=None) -> None:
         """ResetWorld, StepWorld and pause on the profile's names (after the subclass is ready)."""
