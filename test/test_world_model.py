@@ -1,6 +1,7 @@
 """The world model's ML core on a tiny config and a tiny synthetic dataset (a square the action moves)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -22,8 +23,10 @@ TINY = ROOT / "config/models/tiny.yaml"
 CAMERA = 48  # camera resolution of the synthetic dataset; the tiny model runs at 32
 
 
-def make_dataset(root: Path, episodes: int = 4, length: int = 24, seed: int = 0) -> Path:
-    """A red square on a dark table; the action is the square's target position, reached 70% per step."""
+def make_dataset(root: Path, episodes: int = 4, length: int = 24, seed: int = 0, block_moves: tuple[int, ...] = ()) -> Path:
+    """A red square on a dark table; the action is the square's target position, reached 70% per step.
+    With ``block_moves``, a blue block (push_t's T colour) also sits in a corner and shifts 3 px right
+    at each of those frames."""
     rng = np.random.default_rng(seed)
     writer = DatasetWriter(root, (CAMERA, CAMERA), ["x_joint", "y_joint"], episodes * length,
                            meta={"control_rate_hz": 10.0, "profile": "synthetic"})
@@ -35,6 +38,9 @@ def make_dataset(root: Path, episodes: int = 4, length: int = 24, seed: int = 0)
             image = np.full((CAMERA, CAMERA, 3), 30, np.uint8)
             cx, cy = (pos * CAMERA).astype(int)
             image[max(cy - 5, 0):cy + 5, max(cx - 5, 0):cx + 5] = (230, 60, 40)
+            if block_moves:
+                shift = 3 * sum(len(images) >= k for k in block_moves)
+                image[2:8, 2 + shift:8 + shift] = (40, 60, 200)
             images.append(image), joints.append(pos.copy()), actions.append(action)
             pos = pos + 0.7 * (action - pos)
         writer.add_episode(np.stack(images), np.array(joints, np.float32), np.array(actions, np.float32),
@@ -223,6 +229,29 @@ def test_self_forcing_feeds_the_models_own_predictions_as_history(tmp_path, data
                        "--steps", "20", "--init-weights", str(run_dir), "--device", "cpu"]) == 0
     stats = json.loads((out / checkpoint.CONFIG).read_text())["training"]["stages"]["2"]
     assert np.isfinite(stats["dynamics_last"]) and np.isfinite(stats["loss_last"])
+
+
+def test_motion_oversampling_draws_the_windows_where_the_object_moves(tmp_path):
+    moves = (6, 15)
+    data_dir = make_dataset(tmp_path / "block", block_moves=moves)
+    data = train.WindowData(Dataset(data_dir), 5, "train")
+    cfg = load_config(TINY)[1]
+    weights = train.motion_weights(data, dataclasses.replace(cfg, motion_oversample=4.0))
+    episodes = {e.start: e for e in Dataset(data_dir).episodes}
+    target_in_episode = [int(s) + 4 - max(k for k in episodes if k <= s) for s in data.starts]
+    expected = np.array([4.0 if t in moves else 1.0 for t in target_in_episode])
+    np.testing.assert_array_equal(weights, expected)
+    assert (weights > 1).sum() == 2 * 3  # two moves in each of the three training episodes
+
+    # Drawn in proportion: the moving windows make 4 * 6 / (4 * 6 + 54) = 31 % of the draws, not 10 %.
+    stream = train.batches(data, 8, seed=0, rank=0, world=1, workers=0, device=torch.device("cpu"), weights=weights)
+    latest = [next(stream)["images"][:, -1] for _ in range(200)]
+    moving_images = {bytes(data.dataset.images[int(s) + 4].tobytes()) for s, w in zip(data.starts, weights) if w > 1}
+    share = np.mean([bytes(img.numpy().tobytes()) in moving_images for batch in latest for img in batch])
+    assert 0.24 < share < 0.38, share
+
+    with pytest.raises(ConfigError, match="motion_task"):
+        train.motion_weights(data, dataclasses.replace(cfg, motion_oversample=2.0, motion_task="rope"))
 
 
 def test_multistep_dynamics_trains_the_jumps_it_rolls_out_with(tmp_path, dataset_dir, run_dir):
@@ -494,7 +523,8 @@ def test_config_errors_name_the_key(tmp_path):
         bad.write_text(text)
         with pytest.raises(ConfigError, match="dynamics_steps"):
             load_config(bad)
-    for key, value in (("dynamics_jump_fraction", 1.5), ("self_forcing_fraction", -0.1), ("self_forcing_frames", -1)):
+    for key, value in (("dynamics_jump_fraction", 1.5), ("self_forcing_fraction", -0.1), ("self_forcing_frames", -1),
+                       ("motion_oversample", 0.5), ("motion_min_pixels", 0)):
         bad.write_text(f"train:\n  {key}: {value}\n")
         with pytest.raises(ConfigError, match=key):
             load_config(bad)

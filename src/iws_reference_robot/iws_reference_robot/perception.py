@@ -37,6 +37,11 @@ def t_block_mask(image: np.ndarray) -> np.ndarray:
     return (b > 110) & (b - r > 60) & (b - g > 25)
 
 
+# The movable object of each task, as a pixel mask: what world-model training watches for contact
+# (iws_world_model.train, motion_oversample).
+OBJECT_MASKS = {"push_t": t_block_mask}
+
+
 class PushTPoseEstimator:
     MIN_PIXELS_FRACTION = 0.25  # of the T's expected area in pixels; fewer means "not found"
 

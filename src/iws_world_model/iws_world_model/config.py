@@ -104,6 +104,9 @@ class TrainConfig:
     dynamics_jump_fraction: float = 0.0  # stage 2: share of the batch whose target starts at 333/499/666, not 999
     self_forcing_fraction: float = 0.0   # stage 2 (consistency dynamics): share of the batch whose newest history frames are its own predictions
     self_forcing_frames: int = 2         # how many of the newest history frames (chained one-jump predictions)
+    motion_oversample: float = 1.0   # stage 2: windows whose target frame moves the task's object are drawn this many times as often
+    motion_task: str = "push_t"      # whose object mask says what moved (iws_reference_robot.perception.OBJECT_MASKS)
+    motion_min_pixels: int = 6       # object-mask pixels (at the dataset's image size) that must change from the last history frame
     stage3_latent_noise: float = 0.02
     joint_loss_weight: float = 1.0
     joint_latent_noise: float = 0.02  # the joint head must read predicted (imperfect) latents
@@ -125,6 +128,10 @@ class TrainConfig:
         for key in ("terminal_fraction", "dynamics_jump_fraction", "self_forcing_fraction"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"{where}.{key}: must lie in [0, 1], got {getattr(self, key)!r}")
+        if not self.motion_oversample >= 1:
+            raise ConfigError(f"{where}.motion_oversample: must be >= 1 (1: off), got {self.motion_oversample!r}")
+        if self.motion_min_pixels < 1:
+            raise ConfigError(f"{where}.motion_min_pixels: must be >= 1, got {self.motion_min_pixels!r}")
         if self.self_forcing_frames < 0:
             raise ConfigError(f"{where}.self_forcing_frames: must be >= 0, got {self.self_forcing_frames!r}")
         if self.checkpoint_every < 1 or self.log_every < 1:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, WeightedRandomSampler
 from tqdm import tqdm
 
 from iws_data.dataset import Dataset, DatasetError
@@ -87,11 +87,36 @@ def dataset_info(dataset: Dataset) -> dict:
             "profile": dataset.meta.get("profile")}
 
 
-def batches(data: WindowData, batch_size: int, seed: int, rank: int, world: int, workers: int, device):
-    """Endless shuffled batches; epochs reshuffle (DistributedSampler shards across ranks)."""
+def motion_weights(data: WindowData, cfg: TrainConfig, chunk: int = 4096) -> np.ndarray:
+    """A sampling weight per window: ``cfg.motion_oversample`` where the task's object changes at
+    least ``motion_min_pixels`` mask pixels from the last history frame to the target (a push in
+    contact, or the pusher passing over it), else 1. Contacts are a minority of the frames (about a
+    fifth in push_t) and where the open loop goes wrong (docs/architecture.md)."""
+    from iws_reference_robot.perception import OBJECT_MASKS  # no ROS; pulled in only when asked for
+    if cfg.motion_task not in OBJECT_MASKS:
+        raise ConfigError(f"train.motion_task: no object mask for '{cfg.motion_task}' (known: {sorted(OBJECT_MASKS)})")
+    object_mask, images = OBJECT_MASKS[cfg.motion_task], data.dataset.images
+    target = np.asarray(data.starts) + data.length - 1
+    moved = np.zeros(len(target), dtype=bool)
+    for i in tqdm(range(0, len(target), chunk), desc="object motion", unit="chunk", dynamic_ncols=True, file=sys.stderr):
+        t = target[i:i + chunk]
+        change = object_mask(np.asarray(images[t])) ^ object_mask(np.asarray(images[t - 1]))
+        moved[i:i + chunk] = change.reshape(len(t), -1).sum(1) >= cfg.motion_min_pixels
+    return np.where(moved, cfg.motion_oversample, 1.0)
+
+
+def batches(data: WindowData, batch_size: int, seed: int, rank: int, world: int, workers: int, device,
+            weights: np.ndarray | None = None):
+    """Endless shuffled batches; epochs reshuffle (DistributedSampler shards across ranks). With
+    ``weights``, each epoch draws len(data) windows with replacement in proportion to them (every
+    rank its own draw)."""
     epoch = 0
     while True:
-        if world > 1:
+        if weights is not None:
+            generator = torch.Generator().manual_seed(seed * 100003 + epoch + 7919 * rank)
+            sampler = WeightedRandomSampler(torch.as_tensor(weights, dtype=torch.double), len(data) // world,
+                                            replacement=True, generator=generator)
+        elif world > 1:
             sampler = DistributedSampler(data, world, rank, shuffle=True, seed=seed, drop_last=True)
             sampler.set_epoch(epoch)
         else:
@@ -195,8 +220,16 @@ class Trainer:
         data = WindowData(self.dataset, length, "train", latents)
         if len(data) == 0:
             raise DatasetError(f"{self.dataset.root}: no training window of {length} frames for stage {stage}")
+        weights = None
+        if stage == 2 and self.train_cfg.motion_oversample > 1:
+            weights = motion_weights(data, self.train_cfg)
+            if self.rank == 0:
+                moving = float(np.mean(weights > 1))
+                print(f"stage 2: {moving:.1%} of the windows move the {self.train_cfg.motion_task} object; drawn "
+                      f"{self.train_cfg.motion_oversample:g}x as often, they make "
+                      f"{float(weights[weights > 1].sum() / weights.sum()):.1%} of the batches", file=sys.stderr)
         stream = batches(data, scfg.batch_size, self.train_cfg.seed + start, self.rank, self.world,
-                         self.train_cfg.num_workers, self.device)
+                         self.train_cfg.num_workers, self.device, weights)
         if start == 0:  # a fresh (or repeated) stage starts fresh statistics
             self.stats.pop(str(stage), None)
             self.losses[str(stage)] = {}
