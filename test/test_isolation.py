@@ -15,7 +15,7 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 
 from iws_common.client import RosClient
-from iws_common.isolation import IsolationError, check_domain, simulator_domain
+from iws_common.isolation import IsolationError, check_domain, check_graph, simulator_domain
 from iws_common.profile import ProfileError, config_dir, load_profile
 from ros_harness import REPO, next_domain_id
 
@@ -91,6 +91,45 @@ def test_profile_domains_are_validated(tmp_path):
     with pytest.raises(IsolationError, match="hardware's domain"):
         check_domain(PROFILE, PROFILE.hardware_ros_domain_id)
     check_domain(PROFILE, PROFILE.hardware_ros_domain_id, allow_hardware_domain=True)
+
+
+class GraphWhereTheNameArrivesLate:
+    """The DDS graph as rclpy reports it when a participant's endpoints are discovered before its
+    node name (seen in CI): the name is "_NODE_NAME_UNKNOWN_" for the first ``late_s`` seconds."""
+
+    def __init__(self, late_s: float):
+        self.named_at = time.monotonic() + late_s
+
+    def get_name(self):
+        return "reference_robot"
+
+    def get_namespace(self):
+        return "/"
+
+    def _endpoint(self):
+        named = time.monotonic() >= self.named_at
+        return type("Info", (), {"node_name": "controller_manager" if named else "_NODE_NAME_UNKNOWN_",
+                                 "node_namespace": "/hardware_driver" if named else "/"})()
+
+    def get_publishers_info_by_topic(self, topic):
+        return [self._endpoint()] if topic == PROFILE.topics.joint_states else []
+
+    def get_subscriptions_info_by_topic(self, topic):
+        return []
+
+    context = type("Context", (), {"get_domain_id": staticmethod(lambda: 7)})()
+
+
+def test_the_refusal_waits_for_a_late_node_name():
+    with pytest.raises(IsolationError) as refused:
+        check_graph(GraphWhereTheNameArrivesLate(late_s=1.0), PROFILE, wait_s=0.3, poll_s=0.05)
+    assert f"/hardware_driver/controller_manager publishes {PROFILE.topics.joint_states}" in str(refused.value)
+    assert "not yet identified" not in str(refused.value)  # the placeholder is dropped once named
+    # A name that never arrives: refused all the same, after at most name_wait_s more.
+    began = time.monotonic()
+    with pytest.raises(IsolationError, match="not yet identified"):
+        check_graph(GraphWhereTheNameArrivesLate(late_s=60), PROFILE, wait_s=0.3, poll_s=0.05, name_wait_s=0.5)
+    assert time.monotonic() - began < 2.0
 
 
 @pytest.mark.parametrize("backend", ["reference", "world_model"])

@@ -86,6 +86,9 @@ def check_domain(profile: RobotProfile, domain_id: int, allow_hardware_domain: b
             "if you are sure no real robot listens there")
 
 
+UNIDENTIFIED = "a participant not yet identified (its node name arrives later)"
+
+
 def foreign_endpoints(node, profile: RobotProfile) -> list[str]:
     """Nodes other than ``node`` that publish the profile's joint states or subscribe its command
     topics, as readable lines ("/ur/controller_manager subscribes /forward_position_controller/commands")."""
@@ -94,7 +97,7 @@ def foreign_endpoints(node, profile: RobotProfile) -> list[str]:
 
     def name(info) -> str:
         if not info.node_name or info.node_name == "_NODE_NAME_UNKNOWN_":
-            return "a participant not yet identified (its node name arrives later)"
+            return UNIDENTIFIED
         return f"{info.node_namespace.rstrip('/')}/{info.node_name}"
 
     topics = profile.topics
@@ -109,19 +112,26 @@ def foreign_endpoints(node, profile: RobotProfile) -> list[str]:
 
 
 def check_graph(node, profile: RobotProfile, wait_s: float, allow_foreign_nodes: bool = False,
-                poll_s: float = 0.1) -> list[str]:
+                poll_s: float = 0.1, name_wait_s: float = 3.0) -> list[str]:
     """Watch the graph for ``wait_s`` (discovery takes a moment) and refuse if a foreign endpoint
-    shows up on the profile's topics; with ``allow_foreign_nodes`` return them instead."""
-    deadline = time.monotonic() + max(0.0, wait_s)
+    shows up on the profile's topics; with ``allow_foreign_nodes`` return them instead. A
+    participant whose node name has not arrived yet gets up to ``name_wait_s`` more, so that the
+    refusal can say which node it is."""
+    start = time.monotonic()
+    deadline = start + max(0.0, wait_s)
     found: set[str] = set()
     while True:
         now_found = foreign_endpoints(node, profile)
         if now_found and not found:
             deadline = min(deadline, time.monotonic() + 0.5)  # a moment more, to name all its endpoints
         found.update(now_found)
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        unnamed = any(line.startswith(UNIDENTIFIED) for line in now_found)
+        if now >= deadline and not (unnamed and now < start + max(0.0, wait_s) + name_wait_s):
             break
         time.sleep(poll_s)
+    if not unnamed:  # every participant still there has its name now: the placeholders are stale
+        found = {line for line in found if not line.startswith(UNIDENTIFIED)}
     if found and not allow_foreign_nodes:
         raise IsolationError(
             "refusing to start: another node already serves this robot's interface on ROS domain "
