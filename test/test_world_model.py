@@ -253,6 +253,13 @@ def test_motion_oversampling_draws_the_windows_where_the_object_moves(tmp_path):
     with pytest.raises(ConfigError, match="motion_task"):
         train.motion_weights(data, dataclasses.replace(cfg, motion_oversample=2.0, motion_task="rope"))
 
+    # Through the trainer: stage 2 trains on the weighted draw and says what it drew.
+    config = tmp_path / "tiny_motion.yaml"
+    config.write_text(TINY.read_text().replace("train:\n", "train:\n  motion_oversample: 4.0\n"))
+    assert train.main(["--config", str(config), "--data", str(data_dir), "--out", str(tmp_path / "run"),
+                       "--device", "cpu"]) == 0
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+
 
 def test_multistep_dynamics_trains_the_jumps_it_rolls_out_with(tmp_path, dataset_dir, run_dir):
     """dynamics_jump_fraction starts half of each stage-2 batch's targets at the intermediate noise

@@ -87,7 +87,7 @@ def dataset_info(dataset: Dataset) -> dict:
             "profile": dataset.meta.get("profile")}
 
 
-def motion_weights(data: WindowData, cfg: TrainConfig, chunk: int = 4096) -> np.ndarray:
+def motion_weights(data: WindowData, cfg: TrainConfig, chunk: int = 4096, quiet: bool = False) -> np.ndarray:
     """A sampling weight per window: ``cfg.motion_oversample`` where the task's object changes at
     least ``motion_min_pixels`` mask pixels from the last history frame to the target (a push in
     contact, or the pusher passing over it), else 1. Contacts are a minority of the frames (about a
@@ -98,7 +98,8 @@ def motion_weights(data: WindowData, cfg: TrainConfig, chunk: int = 4096) -> np.
     object_mask, images = OBJECT_MASKS[cfg.motion_task], data.dataset.images
     target = np.asarray(data.starts) + data.length - 1
     moved = np.zeros(len(target), dtype=bool)
-    for i in tqdm(range(0, len(target), chunk), desc="object motion", unit="chunk", dynamic_ncols=True, file=sys.stderr):
+    for i in tqdm(range(0, len(target), chunk), desc="object motion", unit="chunk", disable=quiet,
+                  dynamic_ncols=True, file=sys.stderr):
         t = target[i:i + chunk]
         change = object_mask(np.asarray(images[t])) ^ object_mask(np.asarray(images[t - 1]))
         moved[i:i + chunk] = change.reshape(len(t), -1).sum(1) >= cfg.motion_min_pixels
@@ -216,13 +217,14 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids)
         length = self.model_cfg.window + 1 if stage == 2 else 1
+        weights = None
+        if stage == 2 and self.train_cfg.motion_oversample > 1:  # before encoding: a bad task fails fast
+            weights = motion_weights(WindowData(self.dataset, length, "train"), self.train_cfg, quiet=self.rank != 0)
         latents = self.encode_dataset() if stage == 2 and self.train_cfg.cache_latents else None
         data = WindowData(self.dataset, length, "train", latents)
         if len(data) == 0:
             raise DatasetError(f"{self.dataset.root}: no training window of {length} frames for stage {stage}")
-        weights = None
-        if stage == 2 and self.train_cfg.motion_oversample > 1:
-            weights = motion_weights(data, self.train_cfg)
+        if weights is not None:
             if self.rank == 0:
                 moving = float(np.mean(weights > 1))
                 print(f"stage 2: {moving:.1%} of the windows move the {self.train_cfg.motion_task} object; drawn "
