@@ -231,7 +231,7 @@ def test_self_forcing_feeds_the_models_own_predictions_as_history(tmp_path, data
     assert np.isfinite(stats["dynamics_last"]) and np.isfinite(stats["loss_last"])
 
 
-def test_motion_oversampling_draws_the_windows_where_the_object_moves(tmp_path):
+def test_motion_oversampling_draws_the_windows_where_the_object_moves(tmp_path, capsys):
     moves = (6, 15)
     data_dir = make_dataset(tmp_path / "block", block_moves=moves)
     data = train.WindowData(Dataset(data_dir), 5, "train")
@@ -259,6 +259,9 @@ def test_motion_oversampling_draws_the_windows_where_the_object_moves(tmp_path):
     assert train.main(["--config", str(config), "--data", str(data_dir), "--out", str(tmp_path / "run"),
                        "--device", "cpu"]) == 0
     assert (tmp_path / "run" / "model.safetensors").is_file()
+    # The tiny config's window is 3: 6 of 63 windows, 4 * 6 / (4 * 6 + 57) of the draws.
+    assert "9.5% of the windows move the push_t object; drawn 4x as often, they make 29.6% of the batches" \
+        in capsys.readouterr().err
 
 
 def test_multistep_dynamics_trains_the_jumps_it_rolls_out_with(tmp_path, dataset_dir, run_dir):

@@ -117,8 +117,9 @@ def check_graph(node, profile: RobotProfile, wait_s: float, allow_foreign_nodes:
     shows up on the profile's topics; with ``allow_foreign_nodes`` return them instead. A
     participant whose node name has not arrived yet gets up to ``name_wait_s`` more, so that the
     refusal can say which node it is."""
+    wait_s = max(0.0, wait_s)
     start = time.monotonic()
-    deadline = start + max(0.0, wait_s)
+    deadline = start + wait_s
     found: set[str] = set()
     while True:
         now_found = foreign_endpoints(node, profile)
@@ -127,7 +128,7 @@ def check_graph(node, profile: RobotProfile, wait_s: float, allow_foreign_nodes:
         found.update(now_found)
         now = time.monotonic()
         unnamed = any(line.startswith(UNIDENTIFIED) for line in now_found)
-        if now >= deadline and not (unnamed and now < start + max(0.0, wait_s) + name_wait_s):
+        if now >= deadline and not (unnamed and now < start + wait_s + name_wait_s):
             break
         time.sleep(poll_s)
     if not unnamed:  # every participant still there has its name now: the placeholders are stale

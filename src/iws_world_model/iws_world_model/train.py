@@ -96,14 +96,15 @@ def motion_weights(data: WindowData, cfg: TrainConfig, chunk: int = 4096, quiet:
     if cfg.motion_task not in OBJECT_MASKS:
         raise ConfigError(f"train.motion_task: no object mask for '{cfg.motion_task}' (known: {sorted(OBJECT_MASKS)})")
     object_mask, images = OBJECT_MASKS[cfg.motion_task], data.dataset.images
-    target = np.asarray(data.starts) + data.length - 1
-    moved = np.zeros(len(target), dtype=bool)
-    for i in tqdm(range(0, len(target), chunk), desc="object motion", unit="chunk", disable=quiet,
+    # Pixels changed against the previous frame, every frame masked once (chunks overlap by one
+    # frame). A target is never its episode's first frame, so the change across episodes is unused.
+    changed = np.zeros(len(images), dtype=np.int64)
+    for i in tqdm(range(1, len(images), chunk), desc="object motion", unit="chunk", disable=quiet,
                   dynamic_ncols=True, file=sys.stderr):
-        t = target[i:i + chunk]
-        change = object_mask(np.asarray(images[t])) ^ object_mask(np.asarray(images[t - 1]))
-        moved[i:i + chunk] = change.reshape(len(t), -1).sum(1) >= cfg.motion_min_pixels
-    return np.where(moved, cfg.motion_oversample, 1.0)
+        masks = object_mask(np.asarray(images[i - 1:i + chunk]))
+        changed[i:i + chunk] = (masks[1:] ^ masks[:-1]).reshape(len(masks) - 1, -1).sum(1)
+    target = np.asarray(data.starts) + data.length - 1
+    return np.where(changed[target] >= cfg.motion_min_pixels, cfg.motion_oversample, 1.0)
 
 
 def batches(data: WindowData, batch_size: int, seed: int, rank: int, world: int, workers: int, device,
@@ -224,12 +225,11 @@ class Trainer:
         data = WindowData(self.dataset, length, "train", latents)
         if len(data) == 0:
             raise DatasetError(f"{self.dataset.root}: no training window of {length} frames for stage {stage}")
-        if weights is not None:
-            if self.rank == 0:
-                moving = float(np.mean(weights > 1))
-                print(f"stage 2: {moving:.1%} of the windows move the {self.train_cfg.motion_task} object; drawn "
-                      f"{self.train_cfg.motion_oversample:g}x as often, they make "
-                      f"{float(weights[weights > 1].sum() / weights.sum()):.1%} of the batches", file=sys.stderr)
+        if weights is not None and self.rank == 0:
+            moving = float(np.mean(weights > 1))
+            print(f"stage 2: {moving:.1%} of the windows move the {self.train_cfg.motion_task} object; drawn "
+                  f"{self.train_cfg.motion_oversample:g}x as often, they make "
+                  f"{float(weights[weights > 1].sum() / weights.sum()):.1%} of the batches", file=sys.stderr)
         stream = batches(data, scfg.batch_size, self.train_cfg.seed + start, self.rank, self.world,
                          self.train_cfg.num_workers, self.device, weights)
         if start == 0:  # a fresh (or repeated) stage starts fresh statistics
