@@ -37,7 +37,11 @@ def test_openloop_writes_report_with_baselines_and_video(tiny_world_model, datas
     for name, result in report["models"].items():
         assert set(result["per_step"]) == PER_STEP, name
         assert all(len(v) == horizon for v in result["per_step"].values()), name
-        assert set(result["summary"]) == PER_STEP | {"psnr_last_step"}
+        assert set(result["per_episode"]) == PER_STEP, name
+        assert all(len(v) == len(protocol["episodes"]) for v in result["per_episode"].values()), name
+        assert set(result["summary"]) == PER_STEP | {"psnr_last_step", "t_yaw_error_deg_median"}
+    copy_episodes = report["models"]["copy_last"]["per_episode"]["psnr"]
+    assert all(metrics.PSNR_CAP_DB > v > 0 for v in copy_episodes)  # each episode's own mean, not a copy of the summary
     assert report["models"]["mse_baseline"] == report["models"]["world_model"]
     copy = report["models"]["copy_last"]["per_step"]
     assert copy["psnr"][0] > copy["psnr"][-1]  # the world moves away from the last context frame
@@ -59,6 +63,7 @@ def test_real_frames_as_prediction_score_perfectly(tiny_world_model, dataset_dir
     assert s["ssim"] == pytest.approx(1.0, abs=1e-5)
     assert s["joint_mae_rad"] == 0.0
     assert s["t_found_rate"] == 1.0 and s["t_position_error_mm"] == 0.0 and s["t_yaw_error_deg"] == 0.0
+    assert s["t_yaw_error_deg_median"] == 0.0 and result["per_episode"]["t_yaw_error_deg"].tolist() == [0.0]
     json.dumps(metrics.jsonable(result))  # capped, so valid JSON
 
 
