@@ -325,6 +325,7 @@ def test_experiment_reports_from_cached_evaluations(tmp_path, monkeypatch):
                                                            "per_episode": [{"pixel_best_score": rate / 2}]}))
     result = correlation({n: f"/ckpt/{n}" for n in rates}, tmp_path / "corr", 4, 9, 1, None)
     assert result["pearson_r"] > 0.9 and result["mmrv"] == 0.0 and result["pearson_r_coverage"] > 0.9
+    assert result["pearson_r_reference_truth"] > 0.9 and "ground truth" in (tmp_path / "corr" / "README.md").read_text()
     assert not result["bar_met"], "the bar needs at least 8 policies"
     assert (tmp_path / "corr" / "correlation.png").stat().st_size > 0 and "Pearson r" in (tmp_path / "corr" / "README.md").read_text()
     import shutil
