@@ -520,6 +520,25 @@ def test_channels_last_layout_gives_the_same_step(run_dir, dataset_dir):
     np.testing.assert_allclose(joints_a, joints_b, atol=1e-5)
 
 
+def test_explicit_few_frame_attention_gives_the_same_step(run_dir, dataset_dir, monkeypatch):
+    """Inference spells the temporal attention out (faster on the CPU); it must match the fused kernel."""
+    from iws_world_model import networks
+
+    q, k, v = (torch.randn(6, 4, n, 8) for n in (2, 5, 5))
+    mask = torch.zeros(1, 4, 2, 5)
+    mask[..., 0, 4] = float("-inf")
+    with torch.no_grad():
+        torch.testing.assert_close(networks.attend_few(q, k, v, mask),
+                                   torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                                   atol=1e-5, rtol=1e-5)
+    explicit = rollout(WorldModel.load(run_dir), dataset_dir, 3, steps=3)
+    monkeypatch.setattr(networks, "FUSED_ATTENTION_AT_INFERENCE", True)
+    fused = rollout(WorldModel.load(run_dir), dataset_dir, 3, steps=3)
+    for (image_a, joints_a), (image_b, joints_b) in zip(explicit, fused):
+        assert np.abs(image_a.astype(int) - image_b.astype(int)).max() <= 1
+        np.testing.assert_allclose(joints_a, joints_b, atol=1e-5)
+
+
 # config and bench ------------------------------------------------------------------------------
 def test_config_errors_name_the_key(tmp_path):
     bad = tmp_path / "bad.yaml"

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import networks
 from .checkpoint import CheckpointError
 from .config import ConfigError, load_config
 from .world_model import WorldModel
@@ -39,7 +40,8 @@ def measure(world: WorldModel, batch: int, steps: int, warmup: int, seed: int = 
     return {"fps": round(1000.0 / p50 * batch, 2), "ms_p50": round(p50, 3), "ms_p95": round(float(np.percentile(ms, 95)), 3),
             "batch": batch, "steps": steps, "threads": torch.get_num_threads(), "decode_steps": world.decode_steps,
             "dynamics_steps": world.dynamics_steps, "streaming": world.streaming,
-            "channels_last": world.channels_last, "image_size": s, "window": k,
+            "channels_last": world.channels_last, "fused_attention": networks.FUSED_ATTENTION_AT_INFERENCE,
+            "image_size": s, "window": k,
             "parameters": world.network.parameter_counts()["total"]}
 
 
@@ -55,12 +57,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="consistency jumps per predicted latent (default: the model's)")
     p.add_argument("--contiguous", action="store_true",
                    help="keep the weights contiguous (the baseline of the CPU's channels-last default)")
+    p.add_argument("--fused-attention", action="store_true",
+                   help="PyTorch's fused kernel for the temporal attention (the baseline of the explicit few-frame product)")
     p.add_argument("--full-window", action="store_true", help="recompute the window every step (no key/value cache)")
     p.add_argument("--joints", type=int, default=3, help="joint count for an untrained model")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     threads = args.threads or len(os.sched_getaffinity(0))
+    networks.FUSED_ATTENTION_AT_INFERENCE = args.fused_attention
     torch.set_num_threads(threads)
     kwargs = {"decode_steps": args.decode_steps, "dynamics_steps": args.dynamics_steps, "streaming": False if args.full_window else None,
               "channels_last": False if args.contiguous else None}
