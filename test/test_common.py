@@ -176,12 +176,21 @@ def test_a_publish_that_races_shutdown_ends_the_node_cleanly():
     spin_until_shutdown(racing_spin)
     assert not rclpy.ok()
 
-    def failing_spin():
-        raise RCLError("a real failure")
+    def racing_take():  # the executor's take after SIGINT, as CI once saw it
+        rclpy.shutdown()
+        raise RuntimeError("Unable to convert call argument '0' to Python object")
 
     rclpy.init()
-    try:
-        with pytest.raises(RCLError):
-            spin_until_shutdown(failing_spin)
-    finally:
-        rclpy.try_shutdown()
+    spin_until_shutdown(racing_take)
+    assert not rclpy.ok()
+
+    for error in (RCLError("a real failure"), RuntimeError("a real failure")):
+        def failing_spin():
+            raise error
+
+        rclpy.init()
+        try:
+            with pytest.raises(type(error)):
+                spin_until_shutdown(failing_spin)
+        finally:
+            rclpy.try_shutdown()
