@@ -200,6 +200,11 @@ def correlation(policies: dict[str, str], out: Path, episodes: int, steps: int, 
     return result
 
 
+def _r_text(value: float, why: str = "every rate is the same") -> str:
+    """A Pearson r for the report, or why it is undefined (nan: a constant side)."""
+    return f"{value:.3f}" if math.isfinite(value) else f"undefined ({why})"
+
+
 def _horizon_text(action_horizon: int | None) -> str:
     return (f"each policy executed {action_horizon} commands per predicted chunk" if action_horizon
             else "each policy executed its checkpoint's commands per chunk")
@@ -250,12 +255,12 @@ def _correlation_report(rows, planned, out, episodes, steps, seed, model, action
               f"{r['world_model_coverage']:.3f} | "
               f"{r['reference_coverage']:.3f} | {_rate(r.get('world_model_object_lost_rate'))} | "
               f"{_rate(r.get('world_model_ignoring_loss'))} | {r['eval_seconds']:.0f} |" for r in rows]
-    r_text = f"{result['pearson_r']:.3f}" if math.isfinite(result["pearson_r"]) else "undefined (every success rate is the same)"
-    lines += ["", f"Success rates: Pearson r = {r_text}, MMRV = {result['mmrv']:.3f} "
+    lines += ["", f"Success rates: Pearson r = {_r_text(result['pearson_r'], 'every success rate is the same')}, "
+              f"MMRV = {result['mmrv']:.3f} "
               f"(bar: r >= 0.9 over at least 8 policies: {'met' if result['bar_met'] else 'not met'}). "
-              f"Mean best coverage: Pearson r = {result['pearson_r_coverage']:.3f}, MMRV = {result['mmrv_coverage']:.3f}. "
+              f"Mean best coverage: Pearson r = {_r_text(result['pearson_r_coverage'])}, MMRV = {result['mmrv_coverage']:.3f}. "
               f"World-model success against the reference robot's ground truth: Pearson r = "
-              f"{f'{r_truth:.3f}' if math.isfinite(r_truth) else 'undefined (no policy succeeded, or every rate is the same)'}.",
+              f"{_r_text(r_truth, 'no policy succeeded, or every rate is the same')}.",
               "", "![correlation](correlation.png)", ""]
     (out / "README.md").write_text("\n".join(lines))
     return result
