@@ -196,6 +196,40 @@ def test_policy_sees_through_a_frozen_world_model_encoder(tiny_world_model, tmp_
     assert broken.returncode == 1 and "--image-encoder" in broken.stderr and "Traceback" not in broken.stderr
 
 
+def test_encoded_demonstrations_train_again_from_their_file(tiny_world_model, tmp_path):
+    """--save-demos keeps the latents; --data FILE.npz trains from them alone (no dataset, no images),
+    with the same world-model encoder only."""
+    from iws_policy.train import DemoSet
+    dataset, demos_file = tiny_world_model.parent / "dataset", tmp_path / "demos.npz"
+
+    def train(data, out, *extra):
+        return subprocess.run([sys.executable, "-m", "iws_bringup.cli", "policy", "train", "--data", str(data),
+                               "--out", str(tmp_path / out), "--steps", "4", "--batch", "4", "--threads", "2",
+                               "--device", "cpu", *extra], capture_output=True, text=True, timeout=600)
+
+    first = train(dataset, "from_dataset", "--image-encoder", str(tiny_world_model), "--save-demos", str(demos_file))
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = DemoSet.load(demos_file, tiny_world_model)
+    assert saved.encoded and saved.images.dtype == np.float16 and saved.images.shape[1:] == (8, 8, 4)
+    assert saved.images.shape[0] == saved.joints.shape[0] == saved.lengths.sum()
+
+    again = train(demos_file, "from_file", "--image-encoder", str(tiny_world_model))
+    assert again.returncode == 0, again.stderr[-3000:]
+    config = json.loads((tmp_path / "from_file" / "config.json").read_text())
+    assert config["data"][0]["demos_file"] == str(demos_file) and config["device"] == "cpu"
+    first_policy, second_policy = load_policy(tmp_path / "from_dataset"), load_policy(tmp_path / "from_file")
+    torch.testing.assert_close(first_policy.encoder.latent_mean, second_policy.encoder.latent_mean)
+    assert first_policy.config.action_low == second_policy.config.action_low
+
+    no_encoder = train(demos_file, "no_encoder")
+    assert no_encoder.returncode == 1 and "--image-encoder" in no_encoder.stderr and "Traceback" not in no_encoder.stderr
+    mixed = train(demos_file, "mixed", "--image-encoder", str(tiny_world_model), "--episodes", "2")
+    assert mixed.returncode == 2 and "alone" in mixed.stderr
+    demos_file.with_name("broken.npz").write_bytes(b"not a zip")
+    broken = train(demos_file.with_name("broken.npz"), "broken", "--image-encoder", str(tiny_world_model))
+    assert broken.returncode == 1 and "--save-demos" in broken.stderr and "Traceback" not in broken.stderr
+
+
 def test_successful_only_keeps_the_episodes_that_ended_in_success(tiny_world_model, tmp_path):
     import shutil
     from iws_policy.train import DemoSet

@@ -316,7 +316,7 @@ def save_policy(policy: DiffusionPolicy, directory: str | Path, extra: dict | No
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / (WEIGHTS_FILE + ".tmp")
-    save_file({k: v.detach().contiguous() for k, v in policy.state_dict().items()}, str(tmp))
+    save_file({k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}, str(tmp))
     tmp.replace(directory / WEIGHTS_FILE)
     (directory / CONFIG_FILE).write_text(json.dumps({"policy": policy.config.to_json(), **(extra or {})}, indent=2) + "\n")
     return directory

@@ -11,7 +11,9 @@ its end). With several ``--data``, ``--episodes`` episodes are drawn from them i
 demonstrations are curated (a scripted expert's failures are mostly an arm stuck at the workspace
 edge, which a policy then learns too). Checkpoints (safetensors + config.json) every
 ``--save-every`` steps and at the end (``--snapshot-every`` keeps copies in ``OUT/step_NNNNNN``);
-``--resume`` continues from ``OUT/train_state.pt``. Images get a random shift of up to ``--shift``
+``--resume`` continues from ``OUT/train_state.pt``. ``--save-demos FILE.npz`` keeps the gathered
+(and, with ``--image-encoder``, encoded) demonstrations; ``--data FILE.npz`` trains from such a file
+(another seed, or a GPU machine that should not get the images: 1 kB of latent per frame against 12). Images get a random shift of up to ``--shift``
 pixels, and the checkpoint holds an exponential moving average of the weights (``--ema``), as
 Diffusion Policy trains: both matter most with few demonstrations and few epochs.
 """
@@ -83,6 +85,53 @@ class DemoSet:
         # (episode, t) for every frame
         self.index = np.concatenate([np.stack([np.full(n, k), np.arange(n)], 1) for k, n in enumerate(lengths)])
 
+    CACHE_FORMAT = "iws-policy-demos/1"
+
+    def save(self, path: str | Path, encoder_from: str | Path | None = None) -> None:
+        """The demonstrations as one .npz (``--save-demos``); encoded ones name the world model whose
+        encoder made the latents, so that they are not mixed with another's."""
+        from iws_world_model.checkpoint import weights_digest
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = {"format": self.CACHE_FORMAT, "used": self.used, "joint_names": list(self.joint_names),
+                  "control_rate_hz": self.control_rate_hz, "encoded": self.images.dtype != np.uint8,
+                  "encoder_digest": weights_digest(encoder_from) if encoder_from else None}
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(tmp, header=np.array(json.dumps(header)), images=self.images, joints=self.joints,
+                 actions=self.actions, starts=self.starts, lengths=self.lengths)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path, encoder_from: str | Path | None = None) -> "DemoSet":
+        """Demonstrations saved by ``save``; encoded ones only with the same world-model encoder."""
+        from iws_world_model.checkpoint import weights_digest
+
+        try:
+            with np.load(path) as data:
+                header = json.loads(str(data["header"]))
+                arrays = {k: data[k] for k in ("images", "joints", "actions", "starts", "lengths")}
+        except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path}: not a demonstration file written by --save-demos ({exc})") from exc
+        if header.get("format") != cls.CACHE_FORMAT:
+            raise ValueError(f"{path}: format {header.get('format')!r}, expected {cls.CACHE_FORMAT!r}")
+        if header["encoded"]:
+            digest = weights_digest(encoder_from) if encoder_from else None
+            if digest != header["encoder_digest"]:
+                raise ValueError(f"{path} holds latents of the world-model encoder with weights {header['encoder_digest']}; "
+                                 f"pass that model as --image-encoder (got {digest or 'none'})")
+        demos = cls.__new__(cls)
+        demos.images, demos.joints, demos.actions = arrays["images"], arrays["joints"], arrays["actions"]
+        demos.starts, demos.lengths = arrays["starts"], arrays["lengths"]
+        demos.joint_names, demos.control_rate_hz = header["joint_names"], header["control_rate_hz"]
+        demos.used = [dict(u, demos_file=str(path)) for u in header["used"]]
+        demos.index = np.concatenate([np.stack([np.full(n, k), np.arange(n)], 1) for k, n in enumerate(demos.lengths)])
+        return demos
+
+    @property
+    def encoded(self) -> bool:
+        return self.images.dtype != np.uint8
+
     def batch(self, rng: np.random.Generator, size: int, config: PolicyConfig):
         import torch
 
@@ -121,7 +170,8 @@ class DemoSet:
 def random_shift(images, pad: int, rng: np.random.Generator):
     """Shift each sample's frames (B, To, H, W, C) by up to ``pad`` pixels (edge-replicated), the same
     shift for all frames of a sample: Diffusion Policy's random-crop augmentation for small data.
-    Images or channels-last latents; the dtype is kept."""
+    Images or channels-last latents, on any device; the dtype is kept. One gather for the batch (a
+    slice per sample costs a kernel launch each on a GPU)."""
     import torch
     import torch.nn.functional as F
 
@@ -130,9 +180,24 @@ def random_shift(images, pad: int, rng: np.random.Generator):
     b, to, h, w, c = images.shape
     x = images.permute(0, 1, 4, 2, 3).reshape(b, to * c, h, w).float()
     x = F.pad(x, (pad, pad, pad, pad), mode="replicate")
-    dx, dy = rng.integers(0, 2 * pad + 1, size=(2, b))
-    x = torch.stack([x[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(b)])
+    dx, dy = (torch.from_numpy(v).to(x.device) for v in rng.integers(0, 2 * pad + 1, size=(2, b)))
+    rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]  # (B, 1, H, 1)
+    cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]  # (B, 1, 1, W)
+    x = x[torch.arange(b, device=x.device)[:, None, None, None], torch.arange(to * c, device=x.device)[None, :, None, None],
+          rows, cols]
     return x.reshape(b, to, c, h, w).permute(0, 1, 3, 4, 2).to(images.dtype)
+
+
+def training_device(name: str = "auto"):
+    """``auto``: the first CUDA GPU when there is one, else the CPU."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no CUDA GPU visible to torch")
+    return device
 
 
 def learning_rate(step: int, steps: int, peak: float, warmup: float = 0.05) -> float:
@@ -159,17 +224,25 @@ def ema_decay(step: int, ceiling: float) -> float:
 def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: int = 32, lr: float = 3e-4,
           seed: int = 0, save_every: int = 500, resume: bool = False, config: PolicyConfig | None = None,
           progress: bool = True, snapshot_every: int = 0, shift: int = 4, ema: float = 0.999,
-          image_encoder: str | Path | None = None, successful_only: bool = False) -> dict:
+          image_encoder: str | Path | None = None, successful_only: bool = False, device: str = "auto",
+          demos_file: str | Path | None = None, save_demos: str | Path | None = None) -> dict:
+    """Train a policy on ``sources`` ((dataset, episodes) pairs), or on ``demos_file`` (``--save-demos``)."""
     import torch
     from tqdm import tqdm
 
     torch.manual_seed(seed)
+    device = training_device(device)
     config = config or PolicyConfig()
     encoder_weights = None
     if image_encoder is not None:
         encoder_weights, config.world_model_config = world_model_encoder(image_encoder)
         config.image_encoder, config.image_size = "world_model", int(config.world_model_config["image_size"])
-    demos = DemoSet(sources, config, seed, successful_only)
+    if demos_file is not None:
+        demos = DemoSet.load(demos_file, image_encoder)
+        if demos.encoded and image_encoder is None:
+            raise ValueError(f"{demos_file} holds latents: pass the world model that encoded them as --image-encoder")
+    else:
+        demos = DemoSet(sources, config, seed, successful_only)
     config.joints = demos.joints.shape[1]
     config.joint_names, config.control_rate_hz = list(demos.joint_names), demos.control_rate_hz
     margin = lambda lo, hi: (lo - 0.02 * (hi - lo + 1e-3), hi + 0.02 * (hi - lo + 1e-3))
@@ -180,8 +253,12 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
     policy = DiffusionPolicy(config)
     if encoder_weights is not None:
         policy.encoder.pretrained.load_state_dict(encoder_weights)
-        demos.encode(policy.encoder)
+        if not demos.encoded:
+            demos.encode(policy.encoder)
         policy.encoder.set_statistics(torch.from_numpy(demos.images))
+    if save_demos is not None:
+        demos.save(save_demos, image_encoder)
+    policy.to(device)
     averaged = copy.deepcopy(policy).requires_grad_(False)  # what checkpoints hold
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr, weight_decay=1e-6)
     averaged_params, params = list(averaged.parameters()), list(policy.parameters())
@@ -190,7 +267,7 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / STATE_FILE
     if resume and state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, weights_only=False, map_location=device)
         try:
             policy.load_state_dict(state["model"])
         except RuntimeError as exc:
@@ -202,7 +279,8 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
         step, losses = state["step"], state["losses"]
 
     def checkpoint():
-        extra = {"trained_steps": step, "batch": batch, "lr": lr, "seed": seed, "shift_px": shift, "ema": ema,
+        flush_losses()
+        extra = {"trained_steps": step, "batch": batch, "device": device.type, "lr": lr, "seed": seed, "shift_px": shift, "ema": ema,
                  "image_encoder_from": str(image_encoder) if image_encoder else None,
                  "data": demos.used,
                  "frames": int(len(demos.index)), "train_seconds": time.perf_counter() - started,
@@ -212,10 +290,17 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
         torch.save({"model": policy.state_dict(), "ema": averaged.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.bit_generator.state, "step": step, "losses": losses}, tmp)
         tmp.replace(state_path)
 
+    pending = []  # losses still on the device: reading each one would wait for the GPU every step
+
+    def flush_losses():
+        if pending:
+            losses.extend(torch.stack(pending).float().cpu().tolist())
+            pending.clear()
+
     policy.train()
     with tqdm(total=steps, initial=step, desc="policy", disable=not progress, dynamic_ncols=True) as bar:
         while step < steps:
-            images, joints, actions = demos.batch(rng, batch, config)
+            images, joints, actions = (t.to(device, non_blocking=True) for t in demos.batch(rng, batch, config))
             images = random_shift(images, shift // getattr(policy.encoder, "downsample", 1), rng)
             loss = policy.loss(images, joints, actions)
             optimizer.zero_grad(set_to_none=True)
@@ -228,23 +313,28 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
                 decay = ema_decay(step, ema)
                 torch._foreach_mul_(averaged_params, decay)
                 torch._foreach_add_(averaged_params, params, alpha=1.0 - decay)
-            losses.append(float(loss))
+            pending.append(loss.detach())
             step += 1
             bar.update(1)
             if step % 10 == 0:
+                flush_losses()
                 bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
             if step % save_every == 0 or step == steps:
                 checkpoint()
             if snapshot_every and step % snapshot_every == 0:
-                save_policy(averaged, out / f"step_{step:06d}", {"trained_steps": step, "data": demos.used, "seed": seed})
+                save_policy(averaged, out / f"step_{step:06d}", {"trained_steps": step, "data": demos.used, "seed": seed,
+                                                                 "batch": batch, "device": device.type,
+                                                                 "train_seconds": time.perf_counter() - started})
+    flush_losses()
     return {"out": str(out), "steps": step, "frames": int(len(demos.index)), "data": demos.used,
             "loss_first_50": float(np.mean(losses[:50])), "loss_last_50": float(np.mean(losses[-50:])),
-            "seconds": time.perf_counter() - started}
+            "seconds": time.perf_counter() - started, "device": device.type}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="iws policy train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", action="append", required=True, help="dataset directory (repeat to mix)")
+    parser.add_argument("--data", action="append", required=True,
+                        help="dataset directory (repeat to mix), or a .npz of demonstrations from --save-demos")
     parser.add_argument("--fraction", action="append", type=float, help="share of --episodes per --data (mixes)")
     parser.add_argument("--episodes", type=int, help="episodes in all (default: every train episode)")
     parser.add_argument("--out", type=Path, required=True)
@@ -262,8 +352,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snapshot-every", type=int, default=0,
                         help="also keep the policy every N steps in OUT/step_NNNNNN (policies at training stages)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--device", default="auto", help="auto (a CUDA GPU if there is one), cpu, cuda or cuda:N")
+    parser.add_argument("--save-demos", type=Path, metavar="FILE.npz",
+                        help="also write the gathered (encoded) demonstrations here, to train again from them with --data")
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
+    demos_file = next((Path(d) for d in args.data if d.endswith(".npz")), None)
+    if demos_file is not None and (len(args.data) > 1 or args.fraction or args.episodes is not None or args.successful_only):
+        parser.error("--data FILE.npz holds chosen demonstrations already: give it alone, without --fraction, "
+                     "--episodes or --successful-only")
     fractions = args.fraction or [1.0 / len(args.data)] * len(args.data)
     if len(fractions) != len(args.data) or any(f < 0 for f in fractions) or sum(fractions) <= 0:
         parser.error("give one non-negative --fraction per --data")
@@ -271,7 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps and --batch must be positive, --shift non-negative, --ema in [0, 1)")
     from iws_data.dataset import Dataset, DatasetError
     try:
-        if args.episodes is None:
+        if demos_file is not None:
+            counts = [1]
+        elif args.episodes is None:
             counts = [len(demo_episodes(Dataset(d), args.successful_only)) for d in args.data]
         else:
             total = sum(fractions)
@@ -285,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         result = train([(d, c) for d, c in zip(args.data, counts) if c > 0], args.out, args.steps, args.batch, args.lr,
                        args.seed, args.save_every, args.resume, snapshot_every=args.snapshot_every,
                        shift=args.shift, ema=args.ema, image_encoder=args.image_encoder,
-                       successful_only=args.successful_only)
+                       successful_only=args.successful_only, device=args.device,
+                       demos_file=demos_file, save_demos=args.save_demos)
     except (DatasetError, ValueError) as exc:
         print(f"iws policy train: error: {exc}", file=sys.stderr)
         return 1

@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0 or args.batch < 1:
+        p.error("--steps and --batch must be positive, --warmup non-negative")
     threads = args.threads or len(os.sched_getaffinity(0))
     networks.FUSED_ATTENTION_AT_INFERENCE = args.fused_attention
     torch.set_num_threads(threads)
