@@ -144,6 +144,15 @@ def test_target_range_and_random_shift():
         assert torch.equal(shifted[sample, 1, 3:13, 3:13], images[sample, 1, 3 + dy:13 + dy, 3 + dx:13 + dx])
 
 
+def test_training_device_choice():
+    from iws_policy.train import training_device
+    assert training_device("cpu").type == "cpu"
+    assert training_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            training_device("cuda")
+
+
 @pytest.fixture(scope="module")
 def tiny_policy(tiny_world_model, tmp_path_factory):
     """A Diffusion Policy trained briefly on the tiny world model's dataset; its loss must fall."""
