@@ -11,11 +11,13 @@ its end). With several ``--data``, ``--episodes`` episodes are drawn from them i
 demonstrations are curated (a scripted expert's failures are mostly an arm stuck at the workspace
 edge, which a policy then learns too). Checkpoints (safetensors + config.json) every
 ``--save-every`` steps and at the end (``--snapshot-every`` keeps copies in ``OUT/step_NNNNNN``);
-``--resume`` continues from ``OUT/train_state.pt``. ``--save-demos FILE.npz`` keeps the gathered
-(and, with ``--image-encoder``, encoded) demonstrations; ``--data FILE.npz`` trains from such a file
-(another seed, or a GPU machine that should not get the images: 1 kB of latent per frame against 12). Images get a random shift of up to ``--shift``
+``--resume`` continues from ``OUT/train_state.pt``. Images get a random shift of up to ``--shift``
 pixels, and the checkpoint holds an exponential moving average of the weights (``--ema``), as
 Diffusion Policy trains: both matter most with few demonstrations and few epochs.
+
+``--save-demos FILE.npz`` keeps the gathered (with ``--image-encoder``, encoded) demonstrations and
+``--data FILE.npz`` trains from them: another seed, or a GPU machine that should not get the images
+(1 kB of latent per frame against 12 kB of pixels). ``--device auto`` takes a CUDA GPU if there is one.
 """
 from __future__ import annotations
 
@@ -357,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also write the gathered (encoded) demonstrations here, to train again from them with --data")
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
+    if args.save_demos is not None and args.save_demos.suffix != ".npz":
+        parser.error("--save-demos: name a .npz file (--data recognises demonstrations by that suffix)")
     demos_file = next((Path(d) for d in args.data if d.endswith(".npz")), None)
     if demos_file is not None and (len(args.data) > 1 or args.fraction or args.episodes is not None or args.successful_only):
         parser.error("--data FILE.npz holds chosen demonstrations already: give it alone, without --fraction, "
