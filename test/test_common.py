@@ -194,3 +194,37 @@ def test_a_publish_that_races_shutdown_ends_the_node_cleanly():
                 spin_until_shutdown(failing_spin)
         finally:
             rclpy.try_shutdown()
+
+
+def test_private_domains_are_leased_one_tool_at_a_time(tmp_path, monkeypatch):
+    """Two tools side by side on one machine never share a private ROS domain, also across processes;
+    a lease ends with its release or its process."""
+    import subprocess
+    import sys
+
+    from iws_common import processes
+    monkeypatch.setattr(processes, "LEASE_DIR", tmp_path)
+    monkeypatch.setattr(processes, "PRIVATE_DOMAINS", range(90, 93))
+    leases = [processes.DomainLease() for _ in range(3)]
+    assert sorted(lease.domain_id for lease in leases) == [90, 91, 92]
+    with pytest.raises(RuntimeError, match="held by another iws tool"):
+        processes.DomainLease()
+    leases[1].release()
+    with processes.DomainLease() as again:
+        assert again.domain_id == leases[1].domain_id
+    for lease in leases:
+        lease.release()
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom iws_common import processes\n"
+         f"processes.LEASE_DIR, processes.PRIVATE_DOMAINS = Path({str(tmp_path)!r}), range(90, 91)\n"
+         "print(processes.private_domain_id(), flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "90"
+        monkeypatch.setattr(processes, "PRIVATE_DOMAINS", range(90, 91))
+        with pytest.raises(RuntimeError):
+            processes.DomainLease()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert processes.DomainLease().domain_id == 90  # the kernel dropped the dead process's lock

@@ -255,7 +255,7 @@ class FuzzTarget:
         from iws_bringup.backends import get_backend, node_parameters, ros_arguments
         from iws_common import qos
         from iws_common.client import RosClient
-        from iws_common.processes import NodeProcess, private_domain_id
+        from iws_common.processes import DomainLease, NodeProcess
         from iws_common.profile import load_profile
         from iws_interfaces.msg import WorldStatus
         from sensor_msgs.msg import Image
@@ -263,7 +263,8 @@ class FuzzTarget:
         self.profile = load_profile(robot)
         spec = get_backend(backend)
         node_params = node_parameters(spec, robot, {**params, "mode": mode})
-        self.domain = private_domain_id()
+        self.lease = DomainLease()  # a fuzz run starts a target per backend and mode: released in close()
+        self.domain = self.lease.domain_id
         self.log_path = log_dir / f"{backend}_{mode}.log"
         self.node = NodeProcess([sys.executable, "-m", spec.entry_point.split(":")[0]] + ros_arguments(node_params),
                                 self.domain, self.log_path)
@@ -301,7 +302,9 @@ class FuzzTarget:
 
     def close(self) -> int:
         self.client.close()
-        return self.node.stop()
+        code = self.node.stop()
+        self.lease.release()
+        return code
 
 
 def rejection_log_stats(log_text: str) -> dict:

@@ -4,17 +4,64 @@ Used by `iws demo`, the benchmarks and the tests: every multi-process tool start
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import signal
 import subprocess
+import tempfile
 from pathlib import Path
 
 
+# A tool's own nodes run on one of these: away from the default 0 and the tests' 10..89, and below
+# 102, above which Fast DDS ports can fall into Linux's ephemeral range.
+PRIVATE_DOMAINS = range(90, 102)
+LEASE_DIR = Path(tempfile.gettempdir()) / "iws-ros-domains"
+
+
+class DomainLease:
+    """A private ROS domain that no other iws tool on this machine holds while this lease is open.
+
+    Two evaluations side by side on one machine once drew the same random domain, and one's client
+    was answered by the other's world model. The lease is an exclusive ``flock`` on a file per
+    domain, so the kernel releases it when the process ends, however it ends; node processes do not
+    inherit it (``Popen`` closes the descriptor)."""
+
+    def __init__(self):
+        LEASE_DIR.mkdir(parents=True, exist_ok=True)
+        for domain in random.sample(list(PRIVATE_DOMAINS), len(PRIVATE_DOMAINS)):
+            lock = open(LEASE_DIR / f"{domain}.lock", "w")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                lock.close()
+                continue
+            self.domain_id, self._lock = domain, lock
+            return
+        raise RuntimeError(f"every private ROS domain ({PRIVATE_DOMAINS.start}..{PRIVATE_DOMAINS.stop - 1}) is held by "
+                           f"another iws tool on this machine (locks in {LEASE_DIR}); wait for one to finish")
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def __enter__(self) -> "DomainLease":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+_process_leases: list[DomainLease] = []
+
+
 def private_domain_id() -> int:
-    """A ROS domain for a tool's own nodes (90..101): away from the default 0 and the tests' 10..89,
-    and below 102, above which Fast DDS ports can fall into Linux's ephemeral range."""
-    return random.randint(90, 101)
+    """A private domain held until this process ends (tools that start their nodes once; a tool that
+    starts them again and again takes a ``DomainLease`` and releases it)."""
+    lease = DomainLease()
+    _process_leases.append(lease)
+    return lease.domain_id
 
 
 def ros_env(domain_id: int, **extra: str) -> dict[str, str]:

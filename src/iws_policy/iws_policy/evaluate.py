@@ -84,7 +84,7 @@ class BackendSession:
         from iws_bringup.backends import get_backend, node_parameters, ros_arguments
         from iws_common import qos
         from iws_common.client import RosClient
-        from iws_common.processes import NodeProcess, private_domain_id
+        from iws_common.processes import DomainLease, NodeProcess
         from iws_common.profile import load_profile
         from iws_interfaces.msg import TaskState
 
@@ -95,7 +95,8 @@ class BackendSession:
         if backend == "world_model" and model:
             overrides["model"] = str(model)
         params = node_parameters(spec, robot, overrides)
-        domain = private_domain_id()
+        self.lease = DomainLease()  # an experiment starts a session per policy and backend: released in close()
+        domain = self.lease.domain_id
         self.node = NodeProcess([sys.executable, "-m", spec.entry_point.split(":")[0]] + ros_arguments(params),
                                 domain, log_dir / f"{backend}.log")
         self.client = RosClient(domain, name="iws_evaluate")
@@ -183,6 +184,7 @@ class BackendSession:
     def close(self) -> None:
         self.client.close()
         self.node.stop()
+        self.lease.release()
 
 
 def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: int = 10_000, robot: str = "reference_arm",
