@@ -43,9 +43,10 @@ def test_reference_robot_to_bag_to_dataset(start_reference, ros_client, domain_i
     for command in commands:
         robot.send(command, settle=0.15)
         robot.step(1)
-        # The recorder pairs each command with the frames received before it: give the new frame
-        # (a large message) time to reach it before the next command (small) is sent. Without
-        # this pause a CI run beside two evaluations saw frame 3 paired with command 4.
+        # The recorder stamps a headerless command with the robot's /clock value last received
+        # before it: let this step's /clock reach the recorder before the next command is sent
+        # (two publishers, no order between them). Without the pause a CI run beside two
+        # evaluations saw command 4 stamped at frame 3.
         time.sleep(0.15)
     events.publish(EpisodeEvent(event=EpisodeEvent.END, episode_index=0, task="push_t", success=False, score=0.0))
     time.sleep(1.0)
