@@ -84,8 +84,7 @@ class DemoSet:
         self.actions = np.concatenate(actions)
         self.starts, self.lengths = np.asarray(starts), np.asarray(lengths)
         self.joint_names, self.control_rate_hz, self.used = joint_names, rate, used
-        # (episode, t) for every frame
-        self.index = np.concatenate([np.stack([np.full(n, k), np.arange(n)], 1) for k, n in enumerate(lengths)])
+        self.index = frame_index(self.lengths)
 
     CACHE_FORMAT = "iws-policy-demos/1"
 
@@ -97,8 +96,8 @@ class DemoSet:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         header = {"format": self.CACHE_FORMAT, "used": self.used, "joint_names": list(self.joint_names),
-                  "control_rate_hz": self.control_rate_hz, "encoded": self.images.dtype != np.uint8,
-                  "encoder_digest": weights_digest(encoder_from) if encoder_from else None}
+                  "control_rate_hz": self.control_rate_hz,
+                  "encoder_digest": weights_digest(encoder_from) if self.encoded and encoder_from else None}
         tmp = path.with_name(path.name + ".tmp.npz")
         np.savez(tmp, header=np.array(json.dumps(header)), images=self.images, joints=self.joints,
                  actions=self.actions, starts=self.starts, lengths=self.lengths)
@@ -113,11 +112,11 @@ class DemoSet:
             with np.load(path) as data:
                 header = json.loads(str(data["header"]))
                 arrays = {k: data[k] for k in ("images", "joints", "actions", "starts", "lengths")}
-        except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError, KeyError) as exc:  # a JSONDecodeError is a ValueError
             raise ValueError(f"{path}: not a demonstration file written by --save-demos ({exc})") from exc
         if header.get("format") != cls.CACHE_FORMAT:
             raise ValueError(f"{path}: format {header.get('format')!r}, expected {cls.CACHE_FORMAT!r}")
-        if header["encoded"]:
+        if arrays["images"].dtype != np.uint8:  # latents, not pixels
             digest = weights_digest(encoder_from) if encoder_from else None
             if digest != header["encoder_digest"]:
                 raise ValueError(f"{path} holds latents of the world-model encoder with weights {header['encoder_digest']}; "
@@ -127,7 +126,7 @@ class DemoSet:
         demos.starts, demos.lengths = arrays["starts"], arrays["lengths"]
         demos.joint_names, demos.control_rate_hz = header["joint_names"], header["control_rate_hz"]
         demos.used = [dict(u, demos_file=str(path)) for u in header["used"]]
-        demos.index = np.concatenate([np.stack([np.full(n, k), np.arange(n)], 1) for k, n in enumerate(demos.lengths)])
+        demos.index = frame_index(demos.lengths)
         return demos
 
     @property
@@ -167,6 +166,11 @@ class DemoSet:
                 target = target - self.joints[start + t]
             low, high = np.minimum(low, target.min(0)), np.maximum(high, target.max(0))
         return low, high
+
+
+def frame_index(lengths) -> np.ndarray:
+    """(episode, t) for every frame of episodes of these lengths, stored back to back."""
+    return np.concatenate([np.stack([np.full(n, k), np.arange(n)], 1) for k, n in enumerate(lengths)])
 
 
 def random_shift(images, pad: int, rng: np.random.Generator):
