@@ -42,12 +42,10 @@ def test_reference_robot_to_bag_to_dataset(start_reference, ros_client, domain_i
     commands = [home + np.array([0.03 * i, -0.02 * i, 0.05 * i]) for i in range(STEPS)]
     for command in commands:
         robot.send(command, settle=0.15)
+        # No pause after the step: the next command may reach the recorder before this step's
+        # /clock does (two publishers, no order between them); the recorder stamps it by when it
+        # was published (a CI run beside two evaluations once saw command 4 stamped at frame 3).
         robot.step(1)
-        # The recorder stamps a headerless command with the robot's /clock value last received
-        # before it: let this step's /clock reach the recorder before the next command is sent
-        # (two publishers, no order between them). Without the pause a CI run beside two
-        # evaluations saw command 4 stamped at frame 3.
-        time.sleep(0.15)
     events.publish(EpisodeEvent(event=EpisodeEvent.END, episode_index=0, task="push_t", success=False, score=0.0))
     time.sleep(1.0)
     assert recorder.stop() == 0, recorder.output()

@@ -153,13 +153,15 @@ def test_recorder_signal_mid_episode_keeps_every_message(tmp_path, stop_signal):
     assert (image.width, image.height, image.encoding) == (96, 96, "rgb8")
 
 
-def test_recorder_stamps_a_late_callback_with_the_clock_at_arrival(tmp_path):
-    """A headerless command that arrived before the next /clock tick keeps that tick's predecessor
-    as its log time even when its callback runs after the tick's (a loaded recorder), and a real
-    /clock message over DDS comes with the middleware's reception time that this relies on."""
+def test_recorder_stamps_a_command_with_the_clock_in_force_when_it_was_published(tmp_path):
+    """A headerless command gets the /clock tick last *published* before it: not the one before
+    if the tick overtook it on the way (a command sent in answer to a lockstep step arriving before
+    that step's /clock: it was one period early by arrival), nor the next one if its callback runs
+    late. Without source timestamps the reception time stands in. A real /clock message over DDS
+    must come with the source timestamp this relies on."""
     import rclpy
     from builtin_interfaces.msg import Time
-    from rclpy.serialization import serialize_message
+    from rclpy.serialization import deserialize_message, serialize_message
     from rosgraph_msgs.msg import Clock
     from std_msgs.msg import Float64MultiArray
 
@@ -169,14 +171,24 @@ def test_recorder_stamps_a_late_callback_with_the_clock_at_arrival(tmp_path):
     rclpy.init(domain_id=next_domain_id())
     try:
         recorder = Recorder(PROFILE, tmp_path / "bag", ["position_command"], discovery_wait_s=0.0)
-        tick = lambda sec, received: recorder._on_clock(Clock(clock=Time(sec=sec)), {"source_timestamp": 0, "received_timestamp": received})
+        tick = lambda sec, sent, received: recorder._on_clock(
+            Clock(clock=Time(sec=sec)), {"source_timestamp": sent, "received_timestamp": received})
         write = recorder._writer_for(PROFILE.topics.position_command)
-        command = serialize_message(Float64MultiArray(data=[0.1, 0.2, 0.3]))
-        tick(1, 100)
-        tick(2, 300)
-        write(command, {"source_timestamp": 0, "received_timestamp": 200})  # arrived between the ticks
-        write(command, {"source_timestamp": 0, "received_timestamp": 0})    # no reception time: the clock now
+        command = lambda i: serialize_message(Float64MultiArray(data=[float(i), 0.0, 0.0]))
+        tick(1, 100, 110)
+        write(command(0), {"source_timestamp": 400, "received_timestamp": 450})  # sent after tick 2, arrived before it
+        tick(2, 300, 500)
+        write(command(1), {"source_timestamp": 350, "received_timestamp": 900})  # sent after tick 2, callback after tick 3
+        tick(3, 600, 610)
+        write(command(2), {"source_timestamp": 0, "received_timestamp": 200})   # no source time: by arrival (tick 1)
+        write(command(3), {"source_timestamp": 0, "received_timestamp": 0})     # no times at all: the clock now (tick 3)
+        write(command(4), {"source_timestamp": 700, "received_timestamp": 710})  # no tick after it (paused robot) ...
+        assert len(recorder.held) == 1
+        recorder.HOLD_S = 0.0
+        recorder.flush_if_due()                                                  # ... written after HOLD_S (tick 3)
+        assert recorder.held == []
         publisher = recorder.node.create_publisher(Clock, PROFILE.topics.clock, qos.CLOCK)
+        published_after = time.time_ns()
         publisher.publish(Clock(clock=Time(sec=7)))
         deadline = time.monotonic() + 10
         while recorder.sim_time_ns != 7_000_000_000 and time.monotonic() < deadline:
@@ -185,7 +197,10 @@ def test_recorder_stamps_a_late_callback_with_the_clock_at_arrival(tmp_path):
         recorder.node.destroy_node()
     finally:
         rclpy.shutdown()
-    assert recorder.clock_values_ns[-1] == 7_000_000_000 and recorder.clock_received_ns[-1] > 300
+    assert recorder.clock_values_ns[-1] == 7_000_000_000
+    # The DDS source timestamp (wall clock of the publishing host), not a fallback.
+    assert published_after <= recorder.clock_published_ns[-1] < published_after + 5_000_000_000
     with BagReader(path) as bag:
-        stamps = [t for _, t, _ in bag.messages([PROFILE.topics.position_command])]
-    assert stamps == [1_000_000_000, 2_000_000_000]
+        stamps = {int(deserialize_message(bytes(data), Float64MultiArray).data[0]): t
+                  for _, t, data in bag.messages([PROFILE.topics.position_command])}
+    assert stamps == {0: 2_000_000_000, 1: 2_000_000_000, 2: 1_000_000_000, 3: 3_000_000_000, 4: 3_000_000_000}

@@ -5,9 +5,15 @@ subscribed best effort, which connects to reliable and best-effort publishers al
 else reliable; all with deep queues; episode events with transient-local durability so that events published just
 before the recorder started are not lost. Log time is the robot's clock: the latest /clock value
 once one has been seen (simulators, lockstep), else wall time, so a bag from a sim in lockstep
-lines up with the header stamps. "Latest" is by the middleware's reception time of each message,
-not by when its callback runs: a loaded recorder may run a command's callback after the next tick's
-/clock callback, and would stamp the command one period late.
+lines up with the header stamps. "Latest" is by the time each message was *published* (the DDS
+source timestamp; the reception time where a middleware gives none), not by when it arrived or when
+its callback ran: a command and the /clock come from two publishers with no order between them on
+the way here, so a loaded recorder may receive the tick's /clock after a command sent in answer to
+that tick (one period early by arrival), or run the command's callback after the next /clock's (one
+period late by callback). A command published after the tick's /clock is causally after it, and
+its source timestamp says so (same host, or hosts with clocks synchronised well inside a period).
+A message published after the newest /clock received so far waits (at most HOLD_S) until a /clock
+published after it arrives: only then is the tick in force at its publication known.
 
 SIGINT and SIGTERM stop the recorder: it drains what is already queued, closes the bag (index and
 metadata.yaml) and exits 0, so every message received before the signal is in the bag.
@@ -65,10 +71,12 @@ class Recorder:
         self.lock = threading.Lock()
         self.clock_mode = clock
         self.sim_time_ns: int | None = None
-        # /clock values by reception time (ns, the middleware's), to stamp headerless messages with
-        # the clock that was in force when they arrived.
-        self.clock_received_ns: list[int] = []
+        # /clock values by publication time (ns, see publication_ns), to stamp headerless messages
+        # with the clock that was in force when they were sent.
+        self.clock_published_ns: list[int] = []
         self.clock_values_ns: list[int] = []
+        # Messages published after the newest /clock received: (published ns, arrival monotonic s, topic, data).
+        self.held: list[tuple[int, float, str, bytes]] = []
         self.received = 0
         self.error: BagWriteError | None = None
         presets = {"IMAGE": recorder_qos(qos.IMAGE_SUBSCRIBER, IMAGE_QUEUE), "STATE": recorder_qos(qos.STATE, QUEUE),
@@ -102,42 +110,67 @@ class Recorder:
         return bool(infos) and all(i.qos_profile.reliability == ReliabilityPolicy.RELIABLE for i in infos)
 
     CLOCK_HISTORY = 100_000  # /clock values kept for stamping (hours at 15 Hz)
+    HOLD_S = 0.5  # longest wait for the /clock that follows a message (then: the newest known)
 
     def _on_clock(self, msg, info) -> None:  # two parameters: rclpy then passes the MessageInfo
         value = msg.clock.sec * 1_000_000_000 + msg.clock.nanosec
-        received = int(info["received_timestamp"]) if info else 0
+        published = publication_ns(info)
         with self.lock:
             self.sim_time_ns = value
-            if received > 0 and (not self.clock_received_ns or received >= self.clock_received_ns[-1]):
-                self.clock_received_ns.append(received)
+            if published > 0 and (not self.clock_published_ns or published >= self.clock_published_ns[-1]):
+                self.clock_published_ns.append(published)
                 self.clock_values_ns.append(value)
-                if len(self.clock_received_ns) > 2 * self.CLOCK_HISTORY:
-                    del self.clock_received_ns[:self.CLOCK_HISTORY], self.clock_values_ns[:self.CLOCK_HISTORY]
+                if len(self.clock_published_ns) > 2 * self.CLOCK_HISTORY:
+                    del self.clock_published_ns[:self.CLOCK_HISTORY], self.clock_values_ns[:self.CLOCK_HISTORY]
+                self._write_held(lambda message_published, _: message_published <= published)
 
-    def log_time_ns(self, received_ns: int = 0) -> int:
-        """The robot's clock when a message arrived (``received_ns``: its middleware reception time;
-        0 or before the first /clock: the clock now), else wall time."""
-        if received_ns > 0 and self.clock_received_ns:
-            index = bisect.bisect_right(self.clock_received_ns, received_ns) - 1
+    def log_time_ns(self, published_ns: int = 0) -> int:
+        """The robot's clock when a message was published (``published_ns``: see publication_ns;
+        0, or before the first /clock: the clock now), else wall time."""
+        if published_ns > 0 and self.clock_published_ns:
+            index = bisect.bisect_right(self.clock_published_ns, published_ns) - 1
             if index >= 0:
                 return self.clock_values_ns[index]
         return self.sim_time_ns if self.sim_time_ns is not None else time.time_ns()
 
     def _writer_for(self, topic: str):
         def write(data: bytes, info) -> None:
+            published = publication_ns(info)
             with self.lock:
                 if not self.bag.closed:
                     self.received += 1
-                    try:
-                        self.bag.write(topic, data, self.log_time_ns(int(info["received_timestamp"]) if info else 0))
-                    except BagWriteError as exc:
-                        self.error = exc
+                    if published > 0 and self.clock_published_ns and published > self.clock_published_ns[-1]:
+                        self.held.append((published, time.monotonic(), topic, data))
+                    else:
+                        self._write(topic, data, self.log_time_ns(published))
         return write
 
+    def _write(self, topic: str, data: bytes, log_time_ns: int) -> None:
+        try:
+            self.bag.write(topic, data, log_time_ns)
+        except BagWriteError as exc:
+            self.error = exc
+
+    def _write_held(self, ready) -> None:
+        """Writes the held messages for which ``ready(published_ns, arrived_s)`` holds (lock held)."""
+        if not self.held or self.bag.closed:
+            return
+        keep = []
+        for published, arrived, topic, data in self.held:
+            if ready(published, arrived):
+                self._write(topic, data, self.log_time_ns(published))
+            else:
+                keep.append((published, arrived, topic, data))
+        self.held = keep
+
     def flush_if_due(self) -> None:
-        """The flush timer: pushes the last messages to disk even when no more arrive."""
+        """The flush timer: writes messages held longer than HOLD_S (no /clock came after them: the
+        robot is paused or between lockstep steps) and pushes the last messages to disk even when no
+        more arrive."""
         with self.lock:
             if not self.bag.closed:
+                oldest = time.monotonic() - self.HOLD_S
+                self._write_held(lambda _, arrived: arrived <= oldest)
                 try:
                     self.bag.flush_if_due()
                 except BagWriteError as exc:
@@ -145,11 +178,20 @@ class Recorder:
 
     def close(self) -> Path:
         with self.lock:
+            self._write_held(lambda *_: True)
             try:
                 return self.bag.close()
             except BagWriteError as exc:
                 self.error = exc
                 return self.bag.path
+
+
+def publication_ns(info) -> int:
+    """When the writer published a message (ns since the epoch): the DDS source timestamp, else
+    the middleware's reception time, else 0 (no MessageInfo)."""
+    if not info:
+        return 0
+    return int(info.get("source_timestamp", 0) or 0) or int(info.get("received_timestamp", 0) or 0)
 
 
 def _message_class(msgtype: str):
