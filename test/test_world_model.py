@@ -4,6 +4,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +119,34 @@ def test_resume_continues_from_saved_step(tmp_path, dataset_dir, monkeypatch):
     assert state["step"] == 30 and state["completed"] == [1]
     assert state["optimizer"]["state"][0]["step"] == 30
     assert json.loads((out / "config.json").read_text())["training"]["stages"]["1"]["steps"] == 30
+
+
+def test_sigterm_saves_the_current_step_and_resume_loses_nothing(tmp_path, dataset_dir):
+    """`kill` (SIGTERM) of a background training process: it ends the step it is in, saves that
+    step (not the last periodic checkpoint), exits 143, and --resume takes over from there."""
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "iws_world_model.train", "--config", str(TINY), "--data", str(dataset_dir),
+            "--out", str(out), "--stage", "1", "--device", "cpu", "--threads", "1"]
+    log = tmp_path / "train.log"
+    with log.open("w") as stderr:
+        # Started with SIGINT ignored, as a shell starts `cmd &`: SIGTERM must work regardless.
+        process = subprocess.Popen(args + ["--steps", "100000"], stderr=stderr, stdout=subprocess.DEVNULL,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        deadline = time.monotonic() + 120
+        while "stage 1:" not in log.read_text() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.2)
+        time.sleep(2.0)  # some steps
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()[-2000:]
+    state = torch.load(out / train.STATE, weights_only=False)
+    saved = state["step"]
+    assert state["stage"] == 1 and saved > 0
+    assert f"stopped by SIGTERM after stage 1 step {saved}," in log.read_text()
+    assert json.loads((out / "config.json").read_text())["training"]["current"]["step"] == saved
+    assert train.main(["--config", str(TINY), "--data", str(dataset_dir), "--out", str(out), "--stage", "1",
+                       "--device", "cpu", "--steps", str(saved + 3), "--resume"]) == 0
+    state = torch.load(out / train.STATE, weights_only=False)
+    assert state["step"] == saved + 3 and state["optimizer"]["state"][0]["step"] == saved + 3
 
 
 def test_learning_rate_override(tmp_path, dataset_dir):

@@ -11,7 +11,8 @@ its end). With several ``--data``, ``--episodes`` episodes are drawn from them i
 demonstrations are curated (a scripted expert's failures are mostly an arm stuck at the workspace
 edge, which a policy then learns too). Checkpoints (safetensors + config.json) every
 ``--save-every`` steps and at the end (``--snapshot-every`` keeps copies in ``OUT/step_NNNNNN``);
-``--resume`` continues from ``OUT/train_state.pt``. Images get a random shift of up to ``--shift``
+``--resume`` continues from ``OUT/train_state.pt``; SIGTERM or Ctrl-C saves the step it stops at
+(exit 128 + the signal), so nothing is lost. Images get a random shift of up to ``--shift``
 pixels, and the checkpoint holds an exponential moving average of the weights (``--ema``), as
 Diffusion Policy trains: both matter most with few demonstrations and few epochs.
 
@@ -27,6 +28,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+from iws_common.stopping import StopRequested, StopSignals
 
 import numpy as np
 
@@ -304,7 +307,8 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
             pending.clear()
 
     policy.train()
-    with tqdm(total=steps, initial=step, desc="policy", disable=not progress, dynamic_ncols=True) as bar:
+    with tqdm(total=steps, initial=step, desc="policy", disable=not progress, dynamic_ncols=True) as bar, \
+            StopSignals() as stop:
         while step < steps:
             images, joints, actions = (t.to(device, non_blocking=True) for t in demos.batch(rng, batch, config))
             images = random_shift(images, shift // getattr(policy.encoder, "downsample", 1), rng)
@@ -325,8 +329,10 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
             if step % 10 == 0:
                 flush_losses()
                 bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
-            if step % save_every == 0 or step == steps:
+            if step % save_every == 0 or step == steps or stop.signum is not None:
                 checkpoint()
+            if stop.signum is not None and step < steps:
+                raise StopRequested(stop.signum, step)
             if snapshot_every and step % snapshot_every == 0:
                 save_policy(averaged, out / f"step_{step:06d}", {"trained_steps": step, "data": demos.used, "seed": seed,
                                                                  "batch": batch, "device": device.type,
@@ -397,6 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     except (DatasetError, ValueError) as exc:
         print(f"iws policy train: error: {exc}", file=sys.stderr)
         return 1
+    except StopRequested as stop:
+        print(f"\niws policy train: stopped by {stop.signal_name} after {stop}, saved in {args.out}: continue with "
+              "the same command plus --resume", file=sys.stderr)
+        return stop.exit_status
     print(json.dumps(result))
     return 0
 

@@ -6,6 +6,10 @@
 
 OUT holds the usable checkpoint (model.safetensors + config.json, rewritten every checkpoint),
 train_state.pt (optimizer, step, RNG) and tb/ (TensorBoard).
+
+SIGTERM (kill, a job scheduler, systemd) or Ctrl-C stops after the current step with a checkpoint
+of that step, so --resume loses nothing; a second Ctrl-C stops at once (the last periodic
+checkpoint stays). Exit status 128 + the signal number.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, WeightedRandomSampler
 from tqdm import tqdm
 
+from iws_common.stopping import StopRequested, StopSignals
 from iws_data.dataset import Dataset, DatasetError
 
 from . import checkpoint, start_windows
@@ -141,6 +146,7 @@ class Trainer:
         self.stats: dict = {}      # per stage: steps, loss_first, loss_last, seconds (goes into config.json)
         self.losses: dict = {}     # per stage: loss history (train_state.pt only)
         self.warm_start: dict | None = None  # --init-weights: where the later stages started from
+        self.stop = StopSignals()  # main() activates it; its signum ends a stage early, saved
         self.writer = None
         if rank == 0:
             from torch.utils.tensorboard import SummaryWriter
@@ -259,6 +265,11 @@ class Trainer:
                 self.writer.add_scalar(f"stage{stage}/grad_norm", float(grad_norm), step)
                 self.writer.add_scalar(f"stage{stage}/lr", scheduler.get_last_lr()[0], step)
             done = step + 1
+            if self.stop.signum is not None and done < steps:
+                bar.close()
+                self._summarise(stage, done, began)
+                self.save(stage, done, optimizer, scheduler)
+                raise StopRequested(self.stop.signum, done, where=f"stage {stage} ")
             if done < steps and done % self.train_cfg.checkpoint_every == 0:
                 self._summarise(stage, done, began)
                 began = time.time()
@@ -379,18 +390,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"iws train: {device}, {world} process(es), {counts['total'] / 1e6:.2f} M parameters "
                   f"({', '.join(f'{k} {v / 1e6:.2f} M' for k, v in counts.items() if k != 'total')}), "
                   f"{len(dataset)} frames", file=sys.stderr)
-        for stage in plan:
-            steps = getattr(train_cfg, f"stage{stage}").steps
-            state = resume_state if resume_state is not None and resume_state["stage"] == stage else None
-            if args.resume and stage in trainer.completed and (state is None or state["step"] >= steps):
-                continue  # finished before the interruption
-            trainer.run_stage(stage, steps, state)
+        with trainer.stop:
+            for stage in plan:
+                steps = getattr(train_cfg, f"stage{stage}").steps
+                state = resume_state if resume_state is not None and resume_state["stage"] == stage else None
+                if args.resume and stage in trainer.completed and (state is None or state["step"] >= steps):
+                    continue  # finished before the interruption
+                trainer.run_stage(stage, steps, state)
         if rank == 0:
             trainer.writer.close()
             print(f"iws train: checkpoint in {out}", file=sys.stderr)
     except (ConfigError, DatasetError, checkpoint.CheckpointError) as exc:
         print(f"iws train: {exc}", file=sys.stderr)
         return 2
+    except StopRequested as stop:
+        print(f"\niws train: stopped by {stop.signal_name} after {stop}, saved in {args.out}: continue with the "
+              "same command plus --resume", file=sys.stderr)
+        return stop.exit_status
     except KeyboardInterrupt:
         print(f"\niws train: interrupted; {args.out} keeps its last periodic checkpoint: continue with the "
               "same command plus --resume", file=sys.stderr)
