@@ -20,10 +20,9 @@ metadata.yaml) and exits 0, so every message received before the signal is in th
 
 Faults: the bag is flushed to disk every FLUSH_INTERVAL_S (0.5 s, also while no messages arrive),
 so a SIGKILL or crash loses at most the last 0.5 s (1 s with a /clock: HOLD_S); `iws bag repair`
-recovers the rest. A failed
-write (disk full, file size limit, I/O error) stops the recording with one error line naming the
-file and the messages written, closes the bag if the disk allows (else points to `iws bag repair`)
-and exits 1.
+recovers the rest. A failed write (disk full, file size limit, I/O error) stops the recording with
+one error line naming the file and the messages written, closes the bag if the disk allows (else
+points to `iws bag repair`) and exits 1.
 """
 from __future__ import annotations
 
