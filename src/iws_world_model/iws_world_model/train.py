@@ -404,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"iws train: {exc}", file=sys.stderr)
         return 2
     except StopRequested as stop:
+        if trainer.writer is not None:
+            trainer.writer.close()  # the TensorBoard events up to the saved step
         print(f"\niws train: stopped by {stop.signal_name} after {stop}, saved in {args.out}: continue with the "
               "same command plus --resume", file=sys.stderr)
         return stop.exit_status
