@@ -21,7 +21,7 @@ from iws_policy.evaluate import evaluate, wilson_interval
 from iws_reference_robot.scoring import PixelScorer
 from iws_reference_robot.sim import ReferenceSim, start_window
 from iws_reference_robot.tasks import PushT
-from ros_harness import REPO, NodeProcess, backend_args
+from ros_harness import NodeProcess
 
 PROFILE = load_profile("reference_arm")
 
