@@ -20,6 +20,7 @@ import pytest
 from iws_common.processes import ros_env  # noqa: F401  (also used by test_data_faults)
 from iws_common.profile import load_profile
 from iws_data.bags import BagReader
+from process_harness import wait_for_line  # noqa: F401  (also used by test_data_faults)
 from ros_harness import next_domain_id
 
 PROFILE = load_profile("reference_arm")
@@ -93,17 +94,6 @@ PUBLISHER = textwrap.dedent('''
 def start(args, env, log: Path) -> subprocess.Popen:
     with open(log, "w") as output:  # the child keeps its own descriptor
         return subprocess.Popen(args, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def wait_for_line(log: Path, text: str, process: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if text in log.read_text():
-            return
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise AssertionError(f"'{text}' not seen in {log.name} within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
 def kill_group(process: subprocess.Popen) -> None:

@@ -21,6 +21,7 @@ from iws_policy.evaluate import evaluate, wilson_interval
 from iws_reference_robot.scoring import PixelScorer
 from iws_reference_robot.sim import ReferenceSim, start_window
 from iws_reference_robot.tasks import PushT
+from process_harness import sigterm_once_running
 from ros_harness import NodeProcess
 
 PROFILE = load_profile("reference_arm")
@@ -185,17 +186,10 @@ def test_policy_training_resumes(tiny_policy, tiny_world_model, tmp_path):
 def test_policy_training_stops_on_sigterm_with_the_current_step_saved(tiny_world_model, tmp_path):
     import signal
     out, log = tmp_path / "stopped", tmp_path / "train.log"
-    with log.open("w") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "iws_bringup.cli", "policy", "train", "--data",
-                                    str(tiny_world_model.parent / "dataset"), "--out", str(out), "--steps", "100000",
-                                    "--save-every", "100000", "--batch", "8", "--threads", "1"],
-                                   stdout=subprocess.DEVNULL, stderr=stderr)
-        deadline = time.monotonic() + 120
-        while "policy:" not in log.read_text() and time.monotonic() < deadline and process.poll() is None:
-            time.sleep(0.2)
-        time.sleep(2.0)  # some steps
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()[-2000:]
+    status = sigterm_once_running([sys.executable, "-m", "iws_bringup.cli", "policy", "train", "--data",
+                                   str(tiny_world_model.parent / "dataset"), "--out", str(out), "--steps", "100000",
+                                   "--save-every", "100000", "--batch", "8", "--threads", "1"], log, "policy:")
+    assert status == 128 + signal.SIGTERM, log.read_text()[-2000:]
     saved = torch.load(out / "train_state.pt", weights_only=False)["step"]
     assert saved > 0 and json.loads((out / "config.json").read_text())["trained_steps"] == saved
     assert f"stopped by SIGTERM after step {saved}," in log.read_text()

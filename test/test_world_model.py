@@ -5,9 +5,7 @@ import dataclasses
 import json
 import shutil
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ import pytest
 import torch
 
 from iws_data.dataset import Dataset, DatasetWriter
+from process_harness import sigterm_once_running
 from iws_world_model import bench, checkpoint, train
 from iws_world_model.checkpoint import CheckpointError
 from iws_world_model.config import ConfigError, load_config
@@ -128,16 +127,9 @@ def test_sigterm_saves_the_current_step_and_resume_loses_nothing(tmp_path, datas
     args = [sys.executable, "-m", "iws_world_model.train", "--config", str(TINY), "--data", str(dataset_dir),
             "--out", str(out), "--stage", "1", "--device", "cpu", "--threads", "1"]
     log = tmp_path / "train.log"
-    with log.open("w") as stderr:
-        # Started with SIGINT ignored, as a shell starts `cmd &`: SIGTERM must work regardless.
-        process = subprocess.Popen(args + ["--steps", "100000"], stderr=stderr, stdout=subprocess.DEVNULL,
-                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-        deadline = time.monotonic() + 120
-        while "stage 1:" not in log.read_text() and time.monotonic() < deadline and process.poll() is None:
-            time.sleep(0.2)
-        time.sleep(2.0)  # some steps
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()[-2000:]
+    # Started with SIGINT ignored, as a shell starts `cmd &`: SIGTERM must work regardless.
+    status = sigterm_once_running(args + ["--steps", "100000"], log, "stage 1:", ignore_sigint=True)
+    assert status == 128 + signal.SIGTERM, log.read_text()[-2000:]
     state = torch.load(out / train.STATE, weights_only=False)
     saved = state["step"]
     assert state["stage"] == 1 and saved > 0

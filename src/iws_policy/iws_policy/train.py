@@ -29,10 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-from iws_common.stopping import StopRequested, StopSignals
-
 import numpy as np
 
+from iws_common.stopping import StopRequested, StopSignals
 from iws_policy.diffusion import PolicyConfig, save_policy
 from iws_world_model.train import lr_factor
 
