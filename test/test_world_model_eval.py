@@ -51,6 +51,26 @@ def test_openloop_writes_report_with_baselines_and_video(tiny_world_model, datas
     assert len(report["videos"]) == 1 and Path(report["videos"][0]).stat().st_size > 0
 
 
+def test_autoencoder_reference_scores_each_real_frame_reconstructed(tiny_world_model, dataset_dir, tmp_path):
+    report = evaluate.openloop(tiny_world_model, dataset_dir, episodes=2, horizon=12, out=tmp_path, videos=0,
+                               autoencoder=True, progress=False)
+    row = report["models"]["autoencoder"]
+    assert set(row["per_step"]) == PER_STEP and report["video_panels"][-1] == "autoencoder"
+    # step h of the row is real frame K + h through encoder and decoder, its joints read with the command that produced it
+    world = WorldModel.load(tiny_world_model)
+    cut = evaluate.load_open_loop_data(Dataset(dataset_dir), world.config.window, 12, 2, world.image_size)
+    images, joints = world.reconstruct(cut.real_images.reshape(-1, *cut.real_images.shape[2:]),
+                                       cut.future_actions.reshape(-1, cut.future_actions.shape[-1]), seed=0)
+    n, horizon = cut.valid.shape
+    assert images.dtype == np.uint8 and images.shape == (n * horizon, world.image_size, world.image_size, 3)
+    psnr = metrics.frame_fidelity(images.reshape(cut.real_images.shape), cut.real_images)["psnr"].mean(0)
+    np.testing.assert_allclose(row["per_step"]["psnr"], psnr, atol=1e-4)  # the report keeps 5 decimals
+    joint_error = metrics.joint_error(joints.reshape(cut.real_joints.shape), cut.real_joints).mean(0)
+    np.testing.assert_allclose(row["per_step"]["joint_mae_rad"], joint_error, atol=1e-5)
+    again, _ = world.reconstruct(cut.real_images[0], cut.future_actions[0], seed=0)
+    np.testing.assert_array_equal(again, images[:horizon])  # seeded: the same frames again
+
+
 def test_real_frames_as_prediction_score_perfectly(tiny_world_model, dataset_dir):
     world = WorldModel.load(tiny_world_model)
     dataset = Dataset(dataset_dir)

@@ -37,7 +37,7 @@ from .world_model import WorldModel, images_to_tensor, tensor_to_images, upscale
 
 DEFAULT_HORIZON = 192
 POSE_TASK = "push_t"
-MODEL, COPY_LAST, MSE = "world_model", "copy_last", "mse_baseline"
+MODEL, COPY_LAST, MSE, AUTOENCODER = "world_model", "copy_last", "mse_baseline", "autoencoder"
 
 
 class EvalError(RuntimeError):
@@ -165,6 +165,15 @@ def copy_last(data: OpenLoopData) -> tuple[np.ndarray, np.ndarray]:
     return (np.repeat(data.last_image[:, None], horizon, 1), np.repeat(data.last_joints[:, None], horizon, 1))
 
 
+def autoencoded(world: WorldModel, data: OpenLoopData, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The autoencoder reference: every real frame reconstructed (no dynamics), its joints read from
+    its own latent. Not a baseline but a ceiling: the error it shows is not the dynamics'."""
+    n, horizon = data.valid.shape
+    images, joints = world.reconstruct(data.real_images.reshape(n * horizon, *data.real_images.shape[2:]),
+                                       data.future_actions.reshape(n * horizon, -1), seed)
+    return images.reshape(data.real_images.shape), joints.reshape(n, horizon, -1)
+
+
 def frame_poses(estimator, images: np.ndarray, valid: np.ndarray, camera_hw: tuple[int, int],
                 bar=None) -> tuple[np.ndarray, np.ndarray]:
     """T pose of each valid frame (N, H, S, S, 3), estimated at camera resolution (the frames are
@@ -179,10 +188,10 @@ def frame_poses(estimator, images: np.ndarray, valid: np.ndarray, camera_hw: tup
 
 
 def score_open_loop(pred_images: np.ndarray, pred_joints: np.ndarray, data: OpenLoopData,
-                    real_poses: tuple | None = None, pred_poses: tuple | None = None) -> dict:
+                    real_poses: tuple | None = None, pred_poses: tuple | None = None, bar=None) -> dict:
     """Per-step curves (averaged over the episodes that reach the step) and their horizon means."""
     valid = data.valid
-    fidelity = metrics.frame_fidelity(pred_images, data.real_images)
+    fidelity = metrics.frame_fidelity(pred_images, data.real_images, progress=bar)
     # (N, H) values and the frames where each counts; per step they average over the episodes,
     # per episode over its steps (which episodes carry an error, and how unevenly).
     frames = {"psnr": (fidelity["psnr"], valid), "ssim": (fidelity["ssim"], valid),
@@ -219,9 +228,10 @@ def side_by_side(panels: list[np.ndarray], step: int, scale: int) -> np.ndarray:
 def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: int = DEFAULT_HORIZON,
              baseline_mse: str | Path | None = None, out: str | Path | None = None, videos: int = 2,
              seed: int = 0, split: str = "val", pose: bool = True, device: str | None = None,
-             progress: bool = True, dynamics_steps: int | None = None) -> dict:
+             progress: bool = True, dynamics_steps: int | None = None, autoencoder: bool = False) -> dict:
     """Run the open-loop protocol; writes OUT/openloop.json and the videos, returns the report.
-    ``dynamics_steps`` overrides the model's consistency jumps per step (not the MSE baseline's)."""
+    ``dynamics_steps`` overrides the model's consistency jumps per step (not the MSE baseline's);
+    ``autoencoder`` adds the reconstructed real frames as a reference row (the dynamics' ceiling)."""
     started = time.time()
     if horizon < 1 or episodes < 1:
         raise EvalError(f"horizon and episodes must be >= 1, got {horizon} and {episodes}")
@@ -247,6 +257,9 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
     predictions = {name: rollout_open_loop(w, cut, seed, f"open loop: {name}", progress) for name, w in worlds.items()}
     predictions[COPY_LAST] = copy_last(cut)
     order = [MODEL, COPY_LAST] + ([MSE] if MSE in worlds else [])
+    if autoencoder:
+        predictions[AUTOENCODER] = autoencoded(world, cut, seed)
+        order.append(AUTOENCODER)
 
     tasks = sorted({e.task for e in cut.episodes})
     poses, pose_note = {}, None
@@ -257,15 +270,18 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
     else:
         estimator, _ = _pose_estimator(dataset.meta.get("profile"))
         camera_hw = dataset.image_size
-        count = int(cut.valid.sum()) * (1 + len(worlds)) + n
+        estimated = list(worlds) + ([AUTOENCODER] if autoencoder else [])
+        count = int(cut.valid.sum()) * (1 + len(estimated)) + n
         with progress_bar(count, "T pose estimation", progress, unit="frame") as bar:
             poses["real"] = frame_poses(estimator, cut.real_images, cut.valid, camera_hw, bar)
-            for name in worlds:
+            for name in estimated:
                 poses[name] = frame_poses(estimator, predictions[name][0], cut.valid, camera_hw, bar)
             found, pose_last = frame_poses(estimator, cut.last_image[:, None], np.ones((n, 1), bool), camera_hw, bar)
             poses[COPY_LAST] = (np.repeat(found, h_eff, 1), np.repeat(pose_last, h_eff, 1))
 
-    results = {name: score_open_loop(*predictions[name], cut, poses.get("real"), poses.get(name)) for name in order}
+    with progress_bar(n * h_eff * len(order), "PSNR and SSIM", progress, unit="frame") as bar:
+        results = {name: score_open_loop(*predictions[name], cut, poses.get("real"), poses.get(name), bar)
+                   for name in order}
     out = Path(out) if out else Path(model) / "eval"
     out.mkdir(parents=True, exist_ok=True)
     video_paths = []
@@ -324,7 +340,9 @@ def openloop_main(argv: list[str] | None = None) -> int:
     p.add_argument("--horizon", type=int, default=DEFAULT_HORIZON, help="open-loop steps after the context window")
     p.add_argument("--baseline-mse", default=None, help="checkpoint trained with dynamics_objective: mse")
     p.add_argument("--out", default=None, help="output directory (default: MODEL/eval)")
-    p.add_argument("--videos", type=int, default=2, help="side-by-side MP4s (real | model | copy-last [| mse])")
+    p.add_argument("--videos", type=int, default=2, help="side-by-side MP4s (real | model | copy-last [| mse] [| autoencoder])")
+    p.add_argument("--autoencoder", action="store_true",
+                   help="also score the real frames reconstructed by the model's autoencoder: the ceiling of any dynamics")
     p.add_argument("--split", default="val", help="dataset split to evaluate on")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-pose", action="store_true", help="skip the push_t T-pose metrics")
@@ -337,7 +355,7 @@ def openloop_main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         report = openloop(args.model, args.data, args.episodes, args.horizon, args.baseline_mse, args.out, args.videos,
-                          args.seed, args.split, not args.no_pose, args.device, dynamics_steps=args.dynamics_steps)
+                          args.seed, args.split, not args.no_pose, args.device, dynamics_steps=args.dynamics_steps, autoencoder=args.autoencoder)
     except (EvalError, DatasetError, CheckpointError) as exc:
         print(f"iws eval openloop: error: {exc}", file=sys.stderr)
         return 2

@@ -51,8 +51,9 @@ def ssim(pred: torch.Tensor, real: torch.Tensor, data_range: float = 1.0, k1: fl
 
 
 @torch.inference_mode()
-def frame_fidelity(pred: np.ndarray, real: np.ndarray, chunk: int = 256) -> dict[str, np.ndarray]:
-    """Per-frame PSNR (dB, capped at PSNR_CAP_DB) and SSIM of ``pred`` against ``real`` (same shape)."""
+def frame_fidelity(pred: np.ndarray, real: np.ndarray, chunk: int = 256, progress=None) -> dict[str, np.ndarray]:
+    """Per-frame PSNR (dB, capped at PSNR_CAP_DB) and SSIM of ``pred`` against ``real`` (same shape);
+    ``progress`` (a tqdm bar) advances by the frames scored."""
     pred, real = np.asarray(pred), np.asarray(real)
     if pred.shape != real.shape:
         raise ValueError(f"predicted frames {pred.shape} and real frames {real.shape} differ in shape")
@@ -63,6 +64,8 @@ def frame_fidelity(pred: np.ndarray, real: np.ndarray, chunk: int = 256) -> dict
         p, r = to_unit(pred[i:i + chunk]), to_unit(real[i:i + chunk])
         psnr.append(peak_signal_noise_ratio(p, r, data_range=1.0, reduction="none", dim=(1, 2, 3)).clamp(max=PSNR_CAP_DB))
         structure.append(ssim(p, r))
+        if progress is not None:
+            progress.update(len(p))
     cat = lambda parts: (torch.cat(parts).numpy() if parts else np.zeros(0, np.float32)).reshape(lead)
     return {"psnr": cat(psnr), "ssim": cat(structure)}
 

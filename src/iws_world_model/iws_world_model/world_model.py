@@ -133,6 +133,20 @@ class WorldModel:
         times = decode_times(steps or self.decode_steps, self.config.timesteps)
         return sample(lambda x, t, s: self.network.decoder(x, t, s, latent), noise, times, self.schedule)
 
+    @torch.inference_mode()
+    def reconstruct(self, images, actions, seed: int = 0, chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
+        """Real frames (N, S, S, 3) uint8 through encoder and decoder, and their joints read by the
+        joint head with the (N, J) commands that produced them: what the model could show with perfect
+        dynamics (the autoencoder's ceiling in an evaluation)."""
+        self._generator.manual_seed(seed)
+        images, actions = np.asarray(images), np.asarray(actions, np.float32)
+        out_images, out_joints = [], []
+        for i in range(0, len(images), chunk):
+            latent = self.encode(images[i:i + chunk])
+            out_images.append(tensor_to_images(self.decode(latent)))
+            out_joints.append(self.joints_from_latent(latent, self.normalize_actions(actions[i:i + chunk])).cpu().numpy())
+        return np.concatenate(out_images), np.concatenate(out_joints)
+
     @property
     def _latent_shape(self) -> tuple[int, int, int]:
         side = self.config.latent_size
