@@ -71,6 +71,30 @@ def test_autoencoder_reference_scores_each_real_frame_reconstructed(tiny_world_m
     np.testing.assert_array_equal(again, images[:horizon])  # seeded: the same frames again
 
 
+def test_one_step_row_predicts_each_frame_from_the_real_frames_before_it(tiny_world_model, dataset_dir, tmp_path):
+    world = WorldModel.load(tiny_world_model)
+    cut = evaluate.load_open_loop_data(Dataset(dataset_dir), world.config.window, 6, 2, world.image_size)
+    open_loop, _ = evaluate.rollout_open_loop(world, cut, seed=3, progress=False)
+    forced, forced_joints = evaluate.rollout_one_step(world, cut, seed=3, progress=False)
+    np.testing.assert_array_equal(forced[:, 0], open_loop[:, 0])  # step 0: both start from the real context
+    assert not np.array_equal(forced[:, 1:], open_loop[:, 1:])   # later: real history, not the model's own
+    # step 2 is the open loop's first step started two real frames later
+    k, size = world.config.window, world.image_size
+    context = evaluate.resize(cut.context_images.reshape(-1, *cut.context_images.shape[2:]), size)
+    frames = np.concatenate([context.reshape(*cut.context_images.shape[:2], size, size, 3), cut.real_images], 1)
+    joints = np.concatenate([cut.context_joints, cut.real_joints], 1)
+    commands = np.concatenate([cut.context_actions, cut.future_actions[:, 1:]], 1)
+    shifted = evaluate.OpenLoopData(**{**vars(cut), "context_images": frames[:, 2:2 + k], "context_joints": joints[:, 2:2 + k],
+                                       "context_actions": commands[:, 2:2 + k], "future_actions": cut.future_actions[:, 2:3],
+                                       "valid": cut.valid[:, 2:3]})
+    again, again_joints = evaluate.rollout_open_loop(world, shifted, seed=3, progress=False)
+    np.testing.assert_array_equal(forced[:, 2], again[:, 0])
+    np.testing.assert_allclose(forced_joints[:, 2], again_joints[:, 0], atol=1e-6)
+    report = evaluate.openloop(tiny_world_model, dataset_dir, episodes=2, horizon=6, out=tmp_path, videos=0,
+                               one_step=True, progress=False)
+    assert set(report["models"]["one_step"]["per_step"]) == PER_STEP
+
+
 def test_real_frames_as_prediction_score_perfectly(tiny_world_model, dataset_dir):
     world = WorldModel.load(tiny_world_model)
     dataset = Dataset(dataset_dir)

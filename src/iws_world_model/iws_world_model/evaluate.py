@@ -37,7 +37,7 @@ from .world_model import WorldModel, images_to_tensor, tensor_to_images, upscale
 
 DEFAULT_HORIZON = 192
 POSE_TASK = "push_t"
-MODEL, COPY_LAST, MSE, AUTOENCODER = "world_model", "copy_last", "mse_baseline", "autoencoder"
+MODEL, COPY_LAST, MSE, AUTOENCODER, ONE_STEP = "world_model", "copy_last", "mse_baseline", "autoencoder", "one_step"
 
 
 class EvalError(RuntimeError):
@@ -159,6 +159,25 @@ def rollout_open_loop(world: WorldModel, data: OpenLoopData, seed: int, desc: st
     return images, joints
 
 
+def rollout_one_step(world: WorldModel, data: OpenLoopData, seed: int, progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Teacher forcing: each frame predicted in one step from the *real* window before it and the
+    recorded command, so that an error here is the dynamics' own, not one compounded over the rollout."""
+    n, horizon = data.valid.shape
+    k, size = data.context_images.shape[1], world.image_size
+    context = resize(data.context_images.reshape(-1, *data.context_images.shape[2:]), size).reshape(n, k, size, size, 3)
+    frames = np.concatenate([context, data.real_images], 1)                     # frame i of the episode cut
+    joints = np.concatenate([data.context_joints, data.real_joints], 1)
+    actions = np.concatenate([data.context_actions, data.future_actions[:, 1:]], 1)  # the command at frame i
+    images = np.zeros((n, horizon, size, size, 3), np.uint8)
+    out_joints = np.zeros((n, horizon, world.joint_dim), np.float32)
+    with progress_bar(horizon, f"one step: {MODEL}", progress) as bar:
+        for h in range(horizon):
+            world.reset(frames[:, h:h + k], joints[:, h:h + k], actions[:, h:h + k], seed=seed)
+            images[:, h], out_joints[:, h] = world.step(data.future_actions[:, h])
+            bar.update(1)
+    return images, out_joints
+
+
 def copy_last(data: OpenLoopData) -> tuple[np.ndarray, np.ndarray]:
     """The copy-last-frame baseline: the last context frame and joint state, repeated."""
     horizon = data.horizon
@@ -228,10 +247,12 @@ def side_by_side(panels: list[np.ndarray], step: int, scale: int) -> np.ndarray:
 def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: int = DEFAULT_HORIZON,
              baseline_mse: str | Path | None = None, out: str | Path | None = None, videos: int = 2,
              seed: int = 0, split: str = "val", pose: bool = True, device: str | None = None,
-             progress: bool = True, dynamics_steps: int | None = None, autoencoder: bool = False) -> dict:
+             progress: bool = True, dynamics_steps: int | None = None, autoencoder: bool = False,
+             one_step: bool = False) -> dict:
     """Run the open-loop protocol; writes OUT/openloop.json and the videos, returns the report.
     ``dynamics_steps`` overrides the model's consistency jumps per step (not the MSE baseline's);
-    ``autoencoder`` adds the reconstructed real frames as a reference row (the dynamics' ceiling)."""
+    ``autoencoder`` adds the reconstructed real frames as a reference row (the dynamics' ceiling);
+    ``one_step`` adds the model's one-step predictions from real history (teacher forcing)."""
     started = time.time()
     if horizon < 1 or episodes < 1:
         raise EvalError(f"horizon and episodes must be >= 1, got {horizon} and {episodes}")
@@ -257,6 +278,9 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
     predictions = {name: rollout_open_loop(w, cut, seed, f"open loop: {name}", progress) for name, w in worlds.items()}
     predictions[COPY_LAST] = copy_last(cut)
     order = [MODEL, COPY_LAST] + ([MSE] if MSE in worlds else [])
+    if one_step:
+        predictions[ONE_STEP] = rollout_one_step(world, cut, seed, progress)
+        order.append(ONE_STEP)
     if autoencoder:
         predictions[AUTOENCODER] = autoencoded(world, cut, seed)
         order.append(AUTOENCODER)
@@ -270,7 +294,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
     else:
         estimator, _ = _pose_estimator(dataset.meta.get("profile"))
         camera_hw = dataset.image_size
-        estimated = list(worlds) + ([AUTOENCODER] if autoencoder else [])
+        estimated = list(worlds) + [name for name in (ONE_STEP, AUTOENCODER) if name in predictions]
         count = int(cut.valid.sum()) * (1 + len(estimated)) + n
         with progress_bar(count, "T pose estimation", progress, unit="frame") as bar:
             poses["real"] = frame_poses(estimator, cut.real_images, cut.valid, camera_hw, bar)
@@ -340,9 +364,12 @@ def openloop_main(argv: list[str] | None = None) -> int:
     p.add_argument("--horizon", type=int, default=DEFAULT_HORIZON, help="open-loop steps after the context window")
     p.add_argument("--baseline-mse", default=None, help="checkpoint trained with dynamics_objective: mse")
     p.add_argument("--out", default=None, help="output directory (default: MODEL/eval)")
-    p.add_argument("--videos", type=int, default=2, help="side-by-side MP4s (real | model | copy-last [| mse] [| autoencoder])")
+    p.add_argument("--videos", type=int, default=2, help="side-by-side MP4s (real | model | copy-last [| mse] [| one-step] [| autoencoder])")
     p.add_argument("--autoencoder", action="store_true",
                    help="also score the real frames reconstructed by the model's autoencoder: the ceiling of any dynamics")
+    p.add_argument("--one-step", action="store_true",
+                   help="also score one-step predictions from the real frames before each (teacher forcing): "
+                        "the dynamics' own error, without compounding")
     p.add_argument("--split", default="val", help="dataset split to evaluate on")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-pose", action="store_true", help="skip the push_t T-pose metrics")
@@ -355,7 +382,8 @@ def openloop_main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         report = openloop(args.model, args.data, args.episodes, args.horizon, args.baseline_mse, args.out, args.videos,
-                          args.seed, args.split, not args.no_pose, args.device, dynamics_steps=args.dynamics_steps, autoencoder=args.autoencoder)
+                          args.seed, args.split, not args.no_pose, args.device, dynamics_steps=args.dynamics_steps, autoencoder=args.autoencoder,
+                          one_step=args.one_step)
     except (EvalError, DatasetError, CheckpointError) as exc:
         print(f"iws eval openloop: error: {exc}", file=sys.stderr)
         return 2
