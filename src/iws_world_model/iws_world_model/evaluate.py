@@ -382,8 +382,8 @@ def openloop_main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         report = openloop(args.model, args.data, args.episodes, args.horizon, args.baseline_mse, args.out, args.videos,
-                          args.seed, args.split, not args.no_pose, args.device, dynamics_steps=args.dynamics_steps, autoencoder=args.autoencoder,
-                          one_step=args.one_step)
+                          args.seed, args.split, not args.no_pose, args.device, dynamics_steps=args.dynamics_steps,
+                          autoencoder=args.autoencoder, one_step=args.one_step)
     except (EvalError, DatasetError, CheckpointError) as exc:
         print(f"iws eval openloop: error: {exc}", file=sys.stderr)
         return 2

@@ -137,7 +137,7 @@ class WorldModel:
     def reconstruct(self, images, actions, seed: int = 0, chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
         """Real frames (N, S, S, 3) uint8 through encoder and decoder, and their joints read by the
         joint head with the (N, J) commands that produced them: what the model could show with perfect
-        dynamics (the autoencoder's ceiling in an evaluation)."""
+        dynamics (the autoencoder's ceiling in an evaluation). Reseeds the session's noise generator."""
         self._generator.manual_seed(seed)
         images, actions = np.asarray(images), np.asarray(actions, np.float32)
         out_images, out_joints = [], []
