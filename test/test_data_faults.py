@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
-from test_data_recorder import PUBLISHER, kill_group, ros_env, start, wait_for_line
+from test_data_recorder import PUBLISHER, kill_group, ros_env, start
 
 from iws_data.bags import FLUSH_INTERVAL_S, BagReader
 from iws_data.repair import repair_bag
+from process_harness import wait_for_line
 from ros_harness import next_domain_id
 
 IWS = [sys.executable, "-m", "iws_bringup.cli"]

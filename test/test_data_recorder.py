@@ -20,7 +20,7 @@ import pytest
 from iws_common.processes import ros_env  # noqa: F401  (also used by test_data_faults)
 from iws_common.profile import load_profile
 from iws_data.bags import BagReader
-from process_harness import wait_for_line  # noqa: F401  (also used by test_data_faults)
+from process_harness import wait_for_line
 from ros_harness import next_domain_id
 
 PROFILE = load_profile("reference_arm")

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from iws_data.dataset import Dataset, DatasetWriter
-from process_harness import sigterm_once_running
 from iws_world_model import bench, checkpoint, train
 from iws_world_model.checkpoint import CheckpointError
 from iws_world_model.config import ConfigError, load_config
 from iws_world_model.consistency import Schedule, decode_times, noise_like
 from iws_world_model.networks import WorldModelNetwork, normalize_latent
 from iws_world_model.world_model import WorldModel, upscale
+from process_harness import sigterm_once_running
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "config/models/tiny.yaml"
