@@ -208,49 +208,97 @@ def test_warm_start_adds_the_action_map_without_changing_the_model(tmp_path, dat
                     "--init-weights", str(source), "--init-autoencoder", str(source)])
 
 
+def self_forcing_setup(tmp_path, dataset_dir, run_dir, extra: str):
+    """The trained tiny network under a stage-2 objective configured by ``extra`` (train keys), and a
+    batch of 16 windows of the length that config asks for: (objective, train config, latents, actions)."""
+    cfg_path = tmp_path / "tiny_self_forcing.yaml"
+    cfg_path.write_text(TINY.read_text().replace("checkpoint_every: 20", "checkpoint_every: 20\n" + extra))
+    model_cfg, train_cfg = load_config(cfg_path)
+    network, meta = checkpoint.load(run_dir)
+    objective = train.StageObjective(network, 2, train_cfg, meta["normalization"])
+    data = train.WindowData(Dataset(dataset_dir), train.StageObjective.window_length(model_cfg, train_cfg))
+    batch = torch.utils.data.default_collate([data[i] for i in range(16)])
+    with torch.no_grad():
+        latents = network.encoder(objective._images(batch).flatten(0, 1)).reshape(16, -1, *objective._latent_shape())
+    return objective, cfg_path, latents, objective._actions(batch)
+
+
+def chained_by_recomputing(objective, history, actions, first: int, share: int = 8) -> torch.Tensor:
+    """The definition of self-forcing without the key/value cache: from frame ``first`` on, every
+    prediction recomputes the whole sequence before it (causal attention, each frame the window
+    before it), as streaming inference's cache equals."""
+    network, cfg = objective.network, objective.network.config
+    own, top = history[:share].clone(), objective.schedule.timesteps - 1
+    for j in range(first, history.shape[1]):
+        noise = noise_like(own[:, j])
+        t = torch.full((share, j + 1), cfg.history_level, dtype=torch.long)
+        t[:, -1] = top
+        s = t.clone()
+        s[:, -1] = 0
+        with torch.no_grad():
+            v = network.dynamics(torch.cat([own[:, :j], noise[:, None]], 1), t, s, actions[:share, :j + 1], last_only=True)
+        own[:, j] = normalize_latent(objective.schedule.x0_from_v(noise, t[:, -1], v[:, -1]))
+    return own
+
+
 def test_self_forcing_feeds_the_models_own_predictions_as_history(tmp_path, dataset_dir, run_dir):
     """self_forcing_fraction replaces the newest history frames of that share of a stage-2 batch by
     the model's own chained predictions (close to the real latents, not equal), leaves the oldest
     frame and the rest of the batch real, and trains to a finite loss."""
-    cfg_path = tmp_path / "tiny_self_forcing.yaml"
-    cfg_path.write_text(TINY.read_text().replace(
-        "checkpoint_every: 20", "checkpoint_every: 20\n  self_forcing_fraction: 0.5\n  self_forcing_frames: 2"))
-    model_cfg, train_cfg = load_config(cfg_path)
-    network, meta = checkpoint.load(run_dir)
-    objective = train.StageObjective(network, 2, train_cfg, meta["normalization"])
-    data = train.WindowData(Dataset(dataset_dir), model_cfg.window + 1)
-    batch = torch.utils.data.default_collate([data[i] for i in range(16)])
-    with torch.no_grad():
-        latents = network.encoder(objective._images(batch).flatten(0, 1)).reshape(16, -1, *objective._latent_shape())
-    actions = objective._actions(batch)
+    objective, cfg_path, latents, actions = self_forcing_setup(
+        tmp_path, dataset_dir, run_dir, "  self_forcing_fraction: 0.5\n  self_forcing_frames: 2")
     history = latents[:, :-1]
+    k = history.shape[1]
+    assert k == objective.network.config.window  # a chain within the window: windows of K + 1 frames
     torch.manual_seed(0)
     forced = objective._self_forced(history, actions)
-    k = history.shape[1]
     assert torch.equal(forced[8:], history[8:]) and torch.equal(forced[:, :k - 2], history[:, :k - 2])
     own_error = (forced[:8, k - 2:] - history[:8, k - 2:]).pow(2).mean()
     unrelated = (history[:8, k - 2:] - history[8:, k - 2:]).pow(2).mean()  # other windows' latents
     assert 0 < own_error < unrelated, (own_error, unrelated)
     torch.manual_seed(0)
     assert torch.equal(objective._self_forced(history, actions), forced)  # seeded: reproducible
-
-    # The definition, without the key/value cache: every prediction recomputes its whole window.
-    own, top = history[:8].clone(), objective.schedule.timesteps - 1
     torch.manual_seed(0)
-    for j in range(k - 2, k):
-        noise = noise_like(own[:, j])
-        t = torch.full((8, j + 1), model_cfg.history_level, dtype=torch.long)
-        t[:, -1] = top
-        s = t.clone()
-        s[:, -1] = 0
-        with torch.no_grad():
-            v = network.dynamics(torch.cat([own[:, :j], noise[:, None]], 1), t, s, actions[:8, :j + 1], last_only=True)
-        own[:, j] = normalize_latent(objective.schedule.x0_from_v(noise, t[:, -1], v[:, -1]))
-    torch.testing.assert_close(forced[:8], own, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(forced[:8], chained_by_recomputing(objective, history, actions, k - 2),
+                               atol=1e-5, rtol=1e-4)
 
     out = tmp_path / "self_forced"
     assert train.main(["--config", str(cfg_path), "--data", str(dataset_dir), "--out", str(out), "--stage", "2",
                        "--steps", "20", "--init-weights", str(run_dir), "--device", "cpu"]) == 0
+    stats = json.loads((out / checkpoint.CONFIG).read_text())["training"]["stages"]["2"]
+    assert np.isfinite(stats["dynamics_last"]) and np.isfinite(stats["loss_last"])
+
+
+def test_self_forcing_deeper_than_the_window_trains_on_a_wholly_own_history(tmp_path, dataset_dir, run_dir):
+    """A chain deeper than the history (5 own steps, window 3) lengthens the windows to 7 frames; the
+    trained step sees the newest K frames, all of them the model's own predictions for the forced
+    share, each made over the frames before it as a rollout makes it; with a minimum, the depth
+    varies from batch to batch."""
+    objective, cfg_path, latents, actions = self_forcing_setup(
+        tmp_path, dataset_dir, run_dir, "  self_forcing_fraction: 0.5\n  self_forcing_frames: 5")
+    k = objective.network.config.window
+    assert latents.shape[1] == 5 + 2  # one real frame to start from, five own, the target
+    history = latents[:, :-1]
+    torch.manual_seed(0)
+    forced = objective._self_forced(history, actions)
+    assert forced.shape == (16, k, *history.shape[2:])
+    assert torch.equal(forced[8:], history[8:, -k:])  # the unforced share: its real newest K frames
+    own_error = (forced[:8] - history[:8, -k:]).pow(2).flatten(2).mean(2)
+    assert (own_error > 0).all()  # every frame the trained step sees is predicted
+    torch.manual_seed(0)
+    torch.testing.assert_close(forced[:8], chained_by_recomputing(objective, history, actions, 1)[:, -k:],
+                               atol=1e-5, rtol=1e-4)
+
+    # Drawn depth 2..5: a depth of 2 keeps one real frame among the K, deeper ones none.
+    objective.train_cfg = dataclasses.replace(objective.train_cfg, self_forcing_min_frames=2)
+    torch.manual_seed(1)
+    real_kept = {int(sum(torch.equal(f[:8, i], history[:8, -k + i]) for i in range(k)))
+                 for f in (objective._self_forced(history, actions) for _ in range(30))}
+    assert real_kept == {0, 1}, real_kept
+
+    out = tmp_path / "deep"
+    assert train.main(["--config", str(cfg_path), "--data", str(dataset_dir), "--out", str(out), "--stage", "2",
+                       "--steps", "10", "--init-weights", str(run_dir), "--device", "cpu"]) == 0
     stats = json.loads((out / checkpoint.CONFIG).read_text())["training"]["stages"]["2"]
     assert np.isfinite(stats["dynamics_last"]) and np.isfinite(stats["loss_last"])
 
@@ -577,12 +625,12 @@ def test_config_errors_name_the_key(tmp_path):
         with pytest.raises(ConfigError, match="dynamics_steps"):
             load_config(bad)
     for key, value in (("dynamics_jump_fraction", 1.5), ("self_forcing_fraction", -0.1), ("self_forcing_frames", -1),
-                       ("motion_oversample", 0.5), ("motion_min_pixels", 0)):
+                       ("self_forcing_min_frames", 3), ("motion_oversample", 0.5), ("motion_min_pixels", 0)):
         bad.write_text(f"train:\n  {key}: {value}\n")
         with pytest.raises(ConfigError, match=key):
             load_config(bad)
     shipped = sorted((ROOT / "config/models").glob("*.yaml"))
-    assert {p.stem for p in shipped} >= {"push_t", "push_t_mse", "push_t_jumps", "paper_128", "tiny"}
+    assert {p.stem for p in shipped} >= {"push_t", "push_t_mse", "push_t_jumps", "push_t_chain", "paper_128", "tiny"}
     for path in shipped:
         load_config(path)
 

@@ -103,7 +103,8 @@ class TrainConfig:
     terminal_fraction: float = 0.5   # stage 1: share of the batch trained on the inference jumps
     dynamics_jump_fraction: float = 0.0  # stage 2: share of the batch whose target starts at 333/499/666, not 999
     self_forcing_fraction: float = 0.0   # stage 2 (consistency dynamics): share of the batch whose newest history frames are its own predictions
-    self_forcing_frames: int = 2         # how many of the newest history frames (chained one-jump predictions)
+    self_forcing_frames: int = 2         # how many chained one-jump predictions precede the target; beyond window - 1 the windows grow and the whole history is the model's own
+    self_forcing_min_frames: int = 0     # > 0: each batch draws that count uniformly from this..self_forcing_frames (0: always self_forcing_frames)
     motion_oversample: float = 1.0   # stage 2: windows whose target frame moves the task's object are drawn this many times as often
     motion_task: str = "push_t"      # whose object mask says what moved (iws_reference_robot.perception.OBJECT_MASKS)
     motion_min_pixels: int = 6       # object-mask pixels (at the dataset's image size) that must change from the last history frame
@@ -134,6 +135,9 @@ class TrainConfig:
             raise ConfigError(f"{where}.motion_min_pixels: must be >= 1, got {self.motion_min_pixels!r}")
         if self.self_forcing_frames < 0:
             raise ConfigError(f"{where}.self_forcing_frames: must be >= 0, got {self.self_forcing_frames!r}")
+        if not 0 <= self.self_forcing_min_frames <= self.self_forcing_frames:
+            raise ConfigError(f"{where}.self_forcing_min_frames: must lie in [0, self_forcing_frames = "
+                              f"{self.self_forcing_frames}] (0: always self_forcing_frames), got {self.self_forcing_min_frames!r}")
         if self.checkpoint_every < 1 or self.log_every < 1:
             raise ConfigError(f"{where}: checkpoint_every and log_every must be >= 1")
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import TrainConfig
+from .config import ModelConfig, TrainConfig
 from .consistency import Schedule, consistency_loss, intermediate_levels, noise_like, sample_jump_times, sample_uniform_times
 from .networks import WorldModelNetwork, normalize_latent
 from .world_model import images_to_tensor
@@ -73,17 +73,22 @@ class StageObjective(nn.Module):
         cfg = self.network.config
         if "latents" in batch:  # encoded once before the stage (the encoder is frozen here)
             latents = batch["latents"].float()
-            b, f = latents.shape[:2]
         else:
             image = self._images(batch)                               # (B, F, 3, S, S)
-            b, f = image.shape[:2]
             with torch.no_grad():
-                latents = self.network.encoder(image.flatten(0, 1)).reshape(b, f, *self._latent_shape())
+                latents = self.network.encoder(image.flatten(0, 1)).reshape(*image.shape[:2], *self._latent_shape())
         actions = self._actions(batch)
-        history, target = latents[:, :-1], latents[:, -1]
+        joints = batch["joints"].float()
+        if cfg.dynamics_objective == "consistency":  # windows longer than K + 1 only feed the self-forced chain
+            history = self._self_forced(latents[:, :-1], actions)
+        else:
+            history = latents[:, -cfg.window - 1:-1]
+        # The trained step: K history frames and the target, whatever the window length.
+        latents, actions, joints = (x[:, -cfg.window - 1:] for x in (latents, actions, joints))
+        target = latents[:, -1]
+        b, f = latents.shape[:2]
         top = self.schedule.timesteps - 1
         if cfg.dynamics_objective == "consistency":
-            history = self._self_forced(history, actions)
             # History noise t = s in 1..99: the model learns to tolerate its own rollout errors.
             level = torch.randint(1, cfg.history_noise_max + 1, (b, f - 1), device=latents.device)
             history = self.schedule.add_noise(history, level, noise_like(history))
@@ -108,7 +113,7 @@ class StageObjective(nn.Module):
         prediction = v if cfg.dynamics_objective == "mse" else self.schedule.x0_from_v(x_t, t[:, -1], v)
         per_sample = (prediction - target).pow(2).flatten(1).mean(1)
         dynamics = per_sample.mean()
-        joints = (batch["joints"].float() - self.joint_mean) / self.joint_std
+        joints = (joints - self.joint_mean) / self.joint_std
         noisy = normalize_latent(latents + self.train_cfg.joint_latent_noise * torch.randn_like(latents))
         joint = F.mse_loss(self.network.joint_head(noisy.flatten(0, 1), actions.flatten(0, 1)), joints.flatten(0, 1))
         # "dynamics" stays the one-jump error (comparable across runs); "loss" trains every jump.
@@ -118,36 +123,49 @@ class StageObjective(nn.Module):
 
     @torch.no_grad()
     def _self_forced(self, history: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """History (B, K, ...) whose newest ``self_forcing_frames`` frames are, for the first
-        ``self_forcing_fraction`` of the batch, the model's own chained one-jump predictions, made as
-        a rollout makes them (history labelled ``history_level``, target from pure noise). The target
-        stays the real next frame: the model learns to answer from its own imperfect past, which the
-        history noise only imitates. Frame 0 stays real; the rest of the batch is untouched.
+        """The newest K frames of ``history`` (B, F-1, ...), of which, for the first
+        ``self_forcing_fraction`` of the batch, the newest ``n`` are the model's own chained one-jump
+        predictions, made as a rollout makes them (history labelled ``history_level``, target from
+        pure noise); n is ``self_forcing_frames``, or drawn per batch from ``self_forcing_min_frames``
+        up. From n >= K on the whole history is the model's own, n steps deep into a rollout (the
+        window then carries n + 2 frames). The target stays the real next frame: the model learns to
+        answer from its own imperfect past, which the history noise only imitates. The chain starts
+        from real frames; the rest of the batch is untouched.
 
         Like streaming inference, each prediction runs only the frames it has not seen, over the
         dynamics' key/value cache (the same numbers as recomputing the window, fewer passes)."""
         cfg, train = self.network.config, self.train_cfg
-        b, k = history.shape[:2]
+        b, length, k = history.shape[0], history.shape[1], cfg.window
         share = int(round(b * train.self_forcing_fraction))
-        first = max(1, k - train.self_forcing_frames)
-        if share == 0 or first >= k:
-            return history
+        frames = train.self_forcing_frames
+        if train.self_forcing_min_frames and frames > train.self_forcing_min_frames:
+            frames = int(torch.randint(train.self_forcing_min_frames, frames + 1, ()))
+        first = max(1, length - frames)
+        if share == 0 or first >= length:
+            return history[:, -k:]
         top, dev = self.schedule.timesteps - 1, history.device
         own = history[:share].clone()
         cache = self.network.dynamics.new_cache()
-        unseen = first  # frames first-unseen .. first-1 are history the cache has not taken in yet
-        for j in range(first, k):
+        unseen = min(first, k)  # the real frames the cache has not taken in (the first prediction sees K of them)
+        for j in range(first, length):
             noise = noise_like(own[:, j])
             t = torch.full((share, unseen + 1), cfg.history_level, dtype=torch.long, device=dev)
             t[:, -1] = top
             s = t.clone()
             s[:, -1] = 0
-            frames = torch.cat([own[:, j - unseen:j], noise[:, None]], 1)
-            v = self.network.dynamics(frames, t, s, actions[:share, j - unseen:j + 1], cache=cache, commit=unseen,
+            context = torch.cat([own[:, j - unseen:j], noise[:, None]], 1)
+            v = self.network.dynamics(context, t, s, actions[:share, j - unseen:j + 1], cache=cache, commit=unseen,
                                       last_only=True)[:, -1]
             own[:, j] = normalize_latent(self.schedule.x0_from_v(noise, t[:, -1], v))
             unseen = 1
-        return torch.cat([own, history[share:]])
+        return torch.cat([own, history[share:]])[:, -k:]
+
+    @staticmethod
+    def window_length(model: ModelConfig, train: TrainConfig) -> int:
+        """Frames per stage-2 window: K history frames and the target, or more when the self-forced
+        chain is deeper than the history (it needs one real frame to start from)."""
+        chain = train.self_forcing_frames if train.self_forcing_fraction > 0 and model.dynamics_objective == "consistency" else 0
+        return max(model.window, chain + 1) + 1
 
     def _latent_shape(self):
         cfg = self.network.config

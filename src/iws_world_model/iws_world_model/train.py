@@ -223,7 +223,7 @@ class Trainer:
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids)
-        length = self.model_cfg.window + 1 if stage == 2 else 1
+        length = StageObjective.window_length(self.model_cfg, self.train_cfg) if stage == 2 else 1
         weights = None
         if stage == 2 and self.train_cfg.motion_oversample > 1:  # before encoding: a bad task fails fast
             weights = motion_weights(WindowData(self.dataset, length, "train"), self.train_cfg, quiet=self.rank != 0)
