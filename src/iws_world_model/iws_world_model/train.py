@@ -259,7 +259,7 @@ class Trainer:
             for k, v in terms.items():
                 losses.setdefault(k, []).append(float(v.detach()))
             if self.rank == 0 and (step % self.train_cfg.log_every == 0 or step == steps - 1):
-                bar.set_postfix({k: f"{float(v.detach()):.4f}" for k, v in terms.items()})
+                bar.set_postfix({k: f"{float(v.detach()):.3g}" for k, v in terms.items()})
                 for k, v in terms.items():
                     self.writer.add_scalar(f"stage{stage}/{k}", float(v.detach()), step)
                 self.writer.add_scalar(f"stage{stage}/grad_norm", float(grad_norm), step)
