@@ -210,7 +210,7 @@ def test_warm_start_adds_the_action_map_without_changing_the_model(tmp_path, dat
 
 def self_forcing_setup(tmp_path, dataset_dir, run_dir, extra: str):
     """The trained tiny network under a stage-2 objective configured by ``extra`` (train keys), and a
-    batch of 16 windows of the length that config asks for: (objective, train config, latents, actions)."""
+    batch of 16 windows of the length that config asks for: (objective, config path, latents, actions)."""
     cfg_path = tmp_path / "tiny_self_forcing.yaml"
     cfg_path.write_text(TINY.read_text().replace("checkpoint_every: 20", "checkpoint_every: 20\n" + extra))
     model_cfg, train_cfg = load_config(cfg_path)
@@ -226,7 +226,7 @@ def self_forcing_setup(tmp_path, dataset_dir, run_dir, extra: str):
 def chained_by_recomputing(objective, history, actions, first: int, share: int = 8) -> torch.Tensor:
     """The definition of self-forcing without the key/value cache: from frame ``first`` on, every
     prediction recomputes the whole sequence before it (causal attention, each frame the window
-    before it), as streaming inference's cache equals."""
+    before it), which the cache reproduces as streaming inference uses it."""
     network, cfg = objective.network, objective.network.config
     own, top = history[:share].clone(), objective.schedule.timesteps - 1
     for j in range(first, history.shape[1]):
