@@ -294,7 +294,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
     else:
         estimator, _ = _pose_estimator(dataset.meta.get("profile"))
         camera_hw = dataset.image_size
-        estimated = list(worlds) + [name for name in (ONE_STEP, AUTOENCODER) if name in predictions]
+        estimated = [name for name in order if name != COPY_LAST]  # copy-last's pose is its last frame's
         count = int(cut.valid.sum()) * (1 + len(estimated)) + n
         with progress_bar(count, "T pose estimation", progress, unit="frame") as bar:
             poses["real"] = frame_poses(estimator, cut.real_images, cut.valid, camera_hw, bar)
