@@ -11,7 +11,8 @@ from iws_data.dataset import Dataset, DatasetWriter
 from iws_world_model import evaluate, metrics
 from iws_world_model.world_model import WorldModel
 
-PER_STEP = {"psnr", "ssim", "joint_mae_rad", "t_found_rate", "t_position_error_mm", "t_yaw_error_deg"}
+PER_STEP = {"psnr", "ssim", "joint_mae_rad", "t_found_rate", "t_position_error_mm", "t_yaw_error_deg",
+            "t_yaw_flip_rate"}
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,13 @@ def test_real_frames_as_prediction_score_perfectly(tiny_world_model, dataset_dir
     assert s["joint_mae_rad"] == 0.0
     assert s["t_found_rate"] == 1.0 and s["t_position_error_mm"] == 0.0 and s["t_yaw_error_deg"] == 0.0
     assert s["t_yaw_error_deg_median"] == 0.0 and result["per_episode"]["t_yaw_error_deg"].tolist() == [0.0]
+    assert s["t_yaw_flip_rate"] == 0.0
     json.dumps(metrics.jsonable(result))  # capped, so valid JSON
+    # a T read as its orientation 120 deg away counts as a flip; one 30 deg off does not
+    for turn, flips in ((120.0, 1.0), (30.0, 0.0)):
+        turned = (real[0], real[1] + np.array([0.0, 0.0, np.radians(turn)]))
+        s = evaluate.score_open_loop(cut.real_images, cut.real_joints, cut, real, turned)["summary"]
+        assert s["t_yaw_error_deg"] == pytest.approx(turn) and s["t_yaw_flip_rate"] == flips
 
 
 def test_separable_ssim_equals_torchmetrics():

@@ -222,6 +222,9 @@ def score_open_loop(pred_images: np.ndarray, pred_joints: np.ndarray, data: Open
         frames["t_found_rate"] = (pred_found.astype(np.float64), seen)
         frames["t_position_error_mm"] = (position, seen & pred_found)
         frames["t_yaw_error_deg"] = (yaw, seen & pred_found)
+        # A smeared T is misread as one of its other orientations (about 90, 120 or 180 deg off), not as
+        # a T a little rotated: the share of frames past FLIP_DEG says how much of the mean is such flips.
+        frames["t_yaw_flip_rate"] = ((yaw > metrics.FLIP_DEG).astype(np.float64), seen & pred_found & np.isfinite(yaw))
     per_step = {k: metrics.masked_mean(v, m) for k, (v, m) in frames.items()}
     per_episode = {k: metrics.masked_mean(v, m, axis=1) for k, (v, m) in frames.items()}
     summary = {k: float(metrics.masked_mean(v, np.ones_like(v, bool))) for k, v in per_step.items()}
@@ -350,7 +353,8 @@ def _print_openloop(report: dict, out: Path) -> None:
         fmt = lambda key, spec: "-" if s.get(key) is None else format(s[key], spec)
         print(f"  {name:13s} PSNR {fmt('psnr', '6.2f')} dB  SSIM {fmt('ssim', '.3f')}  joints {fmt('joint_mae_rad', '.4f')} rad"
               + (f"  T found {fmt('t_found_rate', '.2f')}  pos {fmt('t_position_error_mm', '.1f')} mm"
-                 f"  yaw {fmt('t_yaw_error_deg', '.1f')} deg (median {fmt('t_yaw_error_deg_median', '.1f')})"
+                 f"  yaw {fmt('t_yaw_error_deg', '.1f')} deg (median {fmt('t_yaw_error_deg_median', '.1f')},"
+                 f" {fmt('t_yaw_flip_rate', '.0%')} over {metrics.FLIP_DEG:g})"
                  if "t_found_rate" in s else ""))
     print(f"wrote {out / 'openloop.json'}" + (f" and {len(report['videos'])} video(s)" if report["videos"] else ""))
 

@@ -87,6 +87,9 @@ def estimate_poses(estimator, images: np.ndarray, progress=None) -> tuple[np.nda
     return found, poses
 
 
+FLIP_DEG = 45.0  # a yaw error past this is a misread orientation (t_yaw_flip_rate), not a small rotation
+
+
 def pose_errors(pred_poses: np.ndarray, real_poses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Position error (mm) and yaw error (degrees, wrapped to [0, 180]); NaN where either pose is missing."""
     position = 1000.0 * np.linalg.norm(pred_poses[..., :2] - real_poses[..., :2], axis=-1)
