@@ -137,11 +137,11 @@ class StageObjective(nn.Module):
         cfg, train = self.network.config, self.train_cfg
         b, length, k = history.shape[0], history.shape[1], cfg.window
         share = int(round(b * train.self_forcing_fraction))
-        frames = train.self_forcing_frames
+        frames = self.chain_depth(cfg, train)
         if train.self_forcing_min_frames and frames > train.self_forcing_min_frames:
             frames = int(torch.randint(train.self_forcing_min_frames, frames + 1, ()))
         first = max(1, length - frames)
-        if share == 0 or first >= length:
+        if share == 0 or frames == 0 or first >= length:
             return history[:, -k:]
         top, dev = self.schedule.timesteps - 1, history.device
         own = history[:share].clone()
@@ -161,11 +161,17 @@ class StageObjective(nn.Module):
         return torch.cat([own, history[share:]])[:, -k:]
 
     @staticmethod
-    def window_length(model: ModelConfig, train: TrainConfig) -> int:
+    def chain_depth(model: ModelConfig, train: TrainConfig) -> int:
+        """The deepest self-forced chain stage 2 rolls: 0 where it rolls none (no share of the batch,
+        or the deterministic baseline, which has no noise levels to label its own history with)."""
+        active = train.self_forcing_fraction > 0 and model.dynamics_objective == "consistency"
+        return train.self_forcing_frames if active else 0
+
+    @classmethod
+    def window_length(cls, model: ModelConfig, train: TrainConfig) -> int:
         """Frames per stage-2 window: K history frames and the target, or more when the self-forced
         chain is deeper than the history (it needs one real frame to start from)."""
-        chain = train.self_forcing_frames if train.self_forcing_fraction > 0 and model.dynamics_objective == "consistency" else 0
-        return max(model.window, chain + 1) + 1
+        return max(model.window, cls.chain_depth(model, train) + 1) + 1
 
     def _latent_shape(self):
         cfg = self.network.config
