@@ -96,6 +96,22 @@ def test_one_step_row_predicts_each_frame_from_the_real_frames_before_it(tiny_wo
     assert set(report["models"]["one_step"]["per_step"]) == PER_STEP
 
 
+def test_history_level_override_labels_the_history_and_is_checked(tiny_world_model, dataset_dir, tmp_path, capsys):
+    world = WorldModel.load(tiny_world_model)
+    cut = evaluate.load_open_loop_data(Dataset(dataset_dir), world.config.window, 4, 2, world.image_size)
+    default, _ = evaluate.rollout_open_loop(world, cut, seed=1, progress=False)
+    relabelled = WorldModel.load(tiny_world_model, history_level=90)
+    assert relabelled.history_level == 90 and world.history_level == world.config.history_level
+    other, _ = evaluate.rollout_open_loop(relabelled, cut, seed=1, progress=False)
+    assert not np.array_equal(default, other)  # the label reaches the dynamics
+    report = evaluate.openloop(tiny_world_model, dataset_dir, episodes=1, horizon=2, out=tmp_path, videos=0,
+                               history_level=90, progress=False)
+    assert report["protocol"]["history_level"] == 90
+    code = evaluate.openloop_main(["--model", str(tiny_world_model), "--data", str(dataset_dir), "--history-level",
+                                   "1000", "--out", str(tmp_path)])
+    assert code == 2 and "history_level" in capsys.readouterr().err
+
+
 def test_real_frames_as_prediction_score_perfectly(tiny_world_model, dataset_dir):
     world = WorldModel.load(tiny_world_model)
     dataset = Dataset(dataset_dir)

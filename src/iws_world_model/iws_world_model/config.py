@@ -79,8 +79,10 @@ class ModelConfig:
             bad("dynamics_steps", "the deterministic (mse) dynamics predicts in one call; dynamics_steps must be 1")
         if self.timesteps != 1000:
             bad("timesteps", "only the T=1000 schedule of the method is supported")
-        if not 1 <= self.history_noise_max < self.timesteps or not 0 <= self.history_level < self.timesteps:
-            bad("history_noise_max", "history noise levels must lie in 1..T-1")
+        if not 1 <= self.history_noise_max < self.timesteps:
+            bad("history_noise_max", f"history noise levels must lie in 1..{self.timesteps - 1}, got {self.history_noise_max}")
+        if not 0 <= self.history_level < self.timesteps:
+            bad("history_level", f"the history's noise label must lie in 0..{self.timesteps - 1}, got {self.history_level}")
 
 
 @dataclasses.dataclass

@@ -251,16 +251,20 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
              baseline_mse: str | Path | None = None, out: str | Path | None = None, videos: int = 2,
              seed: int = 0, split: str = "val", pose: bool = True, device: str | None = None,
              progress: bool = True, dynamics_steps: int | None = None, autoencoder: bool = False,
-             one_step: bool = False) -> dict:
+             one_step: bool = False, history_level: int | None = None) -> dict:
     """Run the open-loop protocol; writes OUT/openloop.json and the videos, returns the report.
     ``dynamics_steps`` overrides the model's consistency jumps per step (not the MSE baseline's);
     ``autoencoder`` adds the reconstructed real frames as a reference row (the dynamics' ceiling);
-    ``one_step`` adds the model's one-step predictions from real history (teacher forcing)."""
+    ``one_step`` adds the model's one-step predictions from real history (teacher forcing);
+    ``history_level`` overrides the noise label of the model's history at inference."""
     started = time.time()
     if horizon < 1 or episodes < 1:
         raise EvalError(f"horizon and episodes must be >= 1, got {horizon} and {episodes}")
     device = device or default_device()
-    world = WorldModel.load(model, device, dynamics_steps=dynamics_steps)
+    try:
+        world = WorldModel.load(model, device, dynamics_steps=dynamics_steps, history_level=history_level)
+    except ValueError as exc:  # an override outside the config's rules
+        raise EvalError(str(exc)) from exc
     dataset = Dataset(data)
     if dataset.joint_names and world.joint_names and dataset.joint_names != world.joint_names:
         raise EvalError(f"{data}: joints {dataset.joint_names} differ from the model's {world.joint_names}")
@@ -332,6 +336,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
             "episodes_per_step": cut.valid.sum(0), "seed": seed, "device": str(world.device),
             "psnr_cap_db": metrics.PSNR_CAP_DB, "decode_steps": world.decode_steps,
             "dynamics_steps": world.dynamics_steps,
+            "history_level": world.history_level,
             "pose_metrics": pose_note or "T pose by iws_reference_robot.perception on frames upscaled to the camera "
                                          "size; errors over frames where the T is found in both"},
         "models": results,
@@ -381,13 +386,15 @@ def openloop_main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--dynamics-steps", type=int, choices=(1, 2, 3), default=None,
                    help="consistency jumps per predicted latent (default: the model's)")
+    p.add_argument("--history-level", type=int, default=None,
+                   help="noise level the history is labelled with at inference (default: the model's, 15)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         report = openloop(args.model, args.data, args.episodes, args.horizon, args.baseline_mse, args.out, args.videos,
                           args.seed, args.split, not args.no_pose, args.device, dynamics_steps=args.dynamics_steps,
-                          autoencoder=args.autoencoder, one_step=args.one_step)
+                          autoencoder=args.autoencoder, one_step=args.one_step, history_level=args.history_level)
     except (EvalError, DatasetError, CheckpointError) as exc:
         print(f"iws eval openloop: error: {exc}", file=sys.stderr)
         return 2

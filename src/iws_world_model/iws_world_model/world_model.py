@@ -54,7 +54,8 @@ def upscale(image: np.ndarray, height: int, width: int | None = None) -> np.ndar
 class WorldModel:
     def __init__(self, network: WorldModelNetwork, normalization: dict, meta: dict | None = None,
                  device: str | torch.device = "cpu", decode_steps: int | None = None, streaming: bool | None = None,
-                 max_command_step=None, dynamics_steps: int | None = None, channels_last: bool | None = None):
+                 max_command_step=None, dynamics_steps: int | None = None, channels_last: bool | None = None,
+                 history_level: int | None = None):
         self.device = torch.device(device)
         self.network = network.to(self.device).eval()
         # On the CPU, oneDNN convolutions run faster on channels-last weights: the push_t model steps
@@ -72,8 +73,12 @@ class WorldModel:
         self.joint_names = list(normalization.get("joint_names", []))
         self.decode_steps = decode_steps or self.config.decode_steps
         self.dynamics_steps = dynamics_steps or self.config.dynamics_steps
-        # The override meets the config's own rules (ConfigError is a ValueError).
-        dataclasses.replace(self.config, dynamics_steps=self.dynamics_steps).validate("WorldModel")
+        # The noise level the history is labelled with at inference (training noised it at 1..99):
+        # an inference-time choice, so an evaluation may sweep it without retraining.
+        self.history_level = self.config.history_level if history_level is None else history_level
+        # The overrides meet the config's own rules (ConfigError is a ValueError).
+        dataclasses.replace(self.config, dynamics_steps=self.dynamics_steps,
+                            history_level=self.history_level).validate("WorldModel")
         self.streaming = self.config.streaming if streaming is None else streaming
         # Per joint, the farthest a command may lead the arm's joints in one step (the drive's velocity
         # limit times the control period; None: commands pass unchanged). A real drive cannot follow
@@ -153,7 +158,7 @@ class WorldModel:
         return (self.config.latent_channels, side, side)
 
     def _history_label(self) -> int:
-        return self.config.history_level if self.config.dynamics_objective == "consistency" else 0
+        return self.history_level if self.config.dynamics_objective == "consistency" else 0
 
     def _labels(self, n: int, frames: int, level: int) -> torch.Tensor:
         return torch.full((n, frames), level, dtype=torch.long, device=self.device)
