@@ -387,7 +387,7 @@ def openloop_main(argv: list[str] | None = None) -> int:
     p.add_argument("--dynamics-steps", type=int, choices=(1, 2, 3), default=None,
                    help="consistency jumps per predicted latent (default: the model's)")
     p.add_argument("--history-level", type=int, default=None,
-                   help="noise level the history is labelled with at inference (default: the model's, 15)")
+                   help="noise level the history is labelled with at inference (default: the model config's history_level)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
