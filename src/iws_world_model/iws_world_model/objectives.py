@@ -141,7 +141,7 @@ class StageObjective(nn.Module):
         if train.self_forcing_min_frames and frames > train.self_forcing_min_frames:
             frames = int(torch.randint(train.self_forcing_min_frames, frames + 1, ()))
         first = max(1, length - frames)
-        if share == 0 or frames == 0 or first >= length:
+        if share == 0 or first >= length:
             return history[:, -k:]
         top, dev = self.schedule.timesteps - 1, history.device
         own = history[:share].clone()
