@@ -7,7 +7,8 @@ openloop (the paper's protocol): on held-out episodes, start from the first ``wi
 replay the recorded actions open loop for ``horizon`` steps and compare every predicted frame with
 the real one at the model's resolution: PSNR, SSIM, joint error and, for push_t, the T's pose as
 the pixel estimator sees it. Copy-last-frame (and optionally an MSE-dynamics checkpoint) run on the
-same episodes, so every number has a reference.
+same episodes, so every number has a reference. With --physics-nudge the reference simulator itself
+replays the commands, its T nudged by a few mm / deg: the floor of what any model could reach.
 
 longrun: a closed loop with the scripted pixel push_t expert for many minutes, to catch drift that
 open-loop metrics miss: per simulated minute, how often the T is still found and whether frames
@@ -38,6 +39,8 @@ from .world_model import WorldModel, images_to_tensor, tensor_to_images, upscale
 DEFAULT_HORIZON = 192
 POSE_TASK = "push_t"
 MODEL, COPY_LAST, MSE, AUTOENCODER, ONE_STEP = "world_model", "copy_last", "mse_baseline", "autoencoder", "one_step"
+PHYSICS = "physics_nudge_{:g}"  # one row per nudge size
+REPLAY_TOLERANCE = 0.5  # mean |difference| in uint8 levels of a replayed context frame (float32 commands: ~0)
 
 
 class EvalError(RuntimeError):
@@ -193,6 +196,51 @@ def autoencoded(world: WorldModel, data: OpenLoopData, seed: int) -> tuple[np.nd
     return images.reshape(data.real_images.shape), joints.reshape(n, horizon, -1)
 
 
+def physics_replay(dataset: Dataset, data: OpenLoopData, sigma: float, seed: int, size: int,
+                   progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The reference simulator replaying each episode's recorded commands from its collecting seed,
+    the T nudged by ``sigma`` mm / deg (normal, drawn per episode from ``seed``) at the last context
+    frame: the floor of any model that knows the state as well as a camera does. Needs the bags the
+    dataset was built from (their seeds) and a scene that still reproduces them."""
+    from iws_reference_robot.replay import ReplayError, collected_episode, nudge_for, replay
+    from iws_reference_robot.sim import ReferenceSim
+
+    n, horizon = data.valid.shape
+    window = data.context_images.shape[1]
+    try:
+        seeds = [collected_episode(e.source) for e in data.episodes]
+    except ReplayError as exc:
+        raise EvalError(f"--physics-nudge: {exc}") from exc
+    if any(task != POSE_TASK for _, task in seeds):
+        raise EvalError(f"--physics-nudge: only {POSE_TASK} episodes can be replayed with a nudge, "
+                        f"these are {sorted({t for _, t in seeds})}")
+    images = np.zeros((n, horizon, size, size, 3), np.uint8)
+    joints = np.zeros((n, horizon, len(dataset.joint_names)), np.float32)
+    profile = load_robot_profile(dataset.meta.get("profile"))
+    sim = ReferenceSim(profile, task=POSE_TASK)
+    try:
+        with progress_bar(n, f"physics replay (nudge {sigma:g} mm / deg)", progress, unit="episode") as bar:
+            for i, (episode, (episode_seed, _)) in enumerate(zip(data.episodes, seeds)):
+                steps = int(data.valid[i].sum())
+                commands = np.asarray(dataset.actions[episode.start:episode.start + window - 1 + steps])
+                nudge = nudge_for(np.random.default_rng([seed, episode.index]), sigma)
+                frames, frame_joints = replay(sim, episode_seed, commands, nudge_at=window - 1, nudge=nudge,
+                                              render_from=window - 1)
+                seen = data.context_images[i, -1]
+                gap = (np.abs(frames[0].astype(np.int16) - seen.astype(np.int16)).mean()
+                       if frames[0].shape == seen.shape else float("inf"))
+                if gap > REPLAY_TOLERANCE:
+                    raise EvalError(f"--physics-nudge: replaying {episode.source} does not reproduce its frames "
+                                    f"(mean gap {gap:.2f} levels at frame {window - 1}): the scene or robot "
+                                    f"profile changed since it was collected")
+                images[i, :steps] = resize(frames[1:], size)
+                joints[i, :steps] = frame_joints[1:]
+                bar.update(1)
+    finally:
+        sim.close()
+    return images, joints
+
+
 def frame_poses(estimator, images: np.ndarray, valid: np.ndarray, camera_hw: tuple[int, int],
                 bar=None) -> tuple[np.ndarray, np.ndarray]:
     """T pose of each valid frame (N, H, S, S, 3), estimated at camera resolution (the frames are
@@ -251,15 +299,20 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
              baseline_mse: str | Path | None = None, out: str | Path | None = None, videos: int = 2,
              seed: int = 0, split: str = "val", pose: bool = True, device: str | None = None,
              progress: bool = True, dynamics_steps: int | None = None, autoencoder: bool = False,
-             one_step: bool = False, history_level: int | None = None) -> dict:
+             one_step: bool = False, history_level: int | None = None,
+             physics_nudge: tuple[float, ...] = ()) -> dict:
     """Run the open-loop protocol; writes OUT/openloop.json and the videos, returns the report.
     ``dynamics_steps`` overrides the model's consistency jumps per step (not the MSE baseline's);
     ``autoencoder`` adds the reconstructed real frames as a reference row (the dynamics' ceiling);
     ``one_step`` adds the model's one-step predictions from real history (teacher forcing);
-    ``history_level`` overrides the noise label of the model's history at inference."""
+    ``history_level`` overrides the noise label of the model's history at inference;
+    ``physics_nudge`` adds, per size, the reference simulator's own replay, the T nudged by that many mm / deg."""
     started = time.time()
     if horizon < 1 or episodes < 1:
         raise EvalError(f"horizon and episodes must be >= 1, got {horizon} and {episodes}")
+    physics_nudge = tuple(float(sigma) for sigma in physics_nudge)
+    if not all(0 <= sigma < float("inf") for sigma in physics_nudge) or len(set(physics_nudge)) < len(physics_nudge):
+        raise EvalError(f"--physics-nudge takes distinct finite sizes >= 0 (mm and degrees), got {list(physics_nudge)}")
     device = device or default_device()
     try:
         world = WorldModel.load(model, device, dynamics_steps=dynamics_steps, history_level=history_level)
@@ -291,6 +344,9 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
     if autoencoder:
         predictions[AUTOENCODER] = autoencoded(world, cut, seed)
         order.append(AUTOENCODER)
+    for sigma in physics_nudge:
+        predictions[PHYSICS.format(sigma)] = physics_replay(dataset, cut, sigma, seed, size, progress)
+        order.append(PHYSICS.format(sigma))
 
     tasks = sorted({e.task for e in cut.episodes})
     poses, pose_note = {}, None
@@ -336,7 +392,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
             "episodes_per_step": cut.valid.sum(0), "seed": seed, "device": str(world.device),
             "psnr_cap_db": metrics.PSNR_CAP_DB, "decode_steps": world.decode_steps,
             "dynamics_steps": world.dynamics_steps,
-            "history_level": world.history_level,
+            "history_level": world.history_level, "physics_nudge": list(physics_nudge),
             "pose_metrics": pose_note or "T pose by iws_reference_robot.perception on frames upscaled to the camera "
                                          "size; errors over frames where the T is found in both"},
         "models": results,
@@ -356,12 +412,20 @@ def _print_openloop(report: dict, out: Path) -> None:
     for name, r in report["models"].items():
         s = r["summary"]
         fmt = lambda key, spec: "-" if s.get(key) is None else format(s[key], spec)
-        print(f"  {name:13s} PSNR {fmt('psnr', '6.2f')} dB  SSIM {fmt('ssim', '.3f')}  joints {fmt('joint_mae_rad', '.4f')} rad"
+        print(f"  {name:14s} PSNR {fmt('psnr', '6.2f')} dB  SSIM {fmt('ssim', '.3f')}  joints {fmt('joint_mae_rad', '.4f')} rad"
               + (f"  T found {fmt('t_found_rate', '.2f')}  pos {fmt('t_position_error_mm', '.1f')} mm"
                  f"  yaw {fmt('t_yaw_error_deg', '.1f')} deg (median {fmt('t_yaw_error_deg_median', '.1f')},"
                  f" {fmt('t_yaw_flip_rate', '.0%')} over {metrics.FLIP_DEG:g})"
                  if "t_found_rate" in s else ""))
     print(f"wrote {out / 'openloop.json'}" + (f" and {len(report['videos'])} video(s)" if report["videos"] else ""))
+
+
+def nudge_sizes(text: str) -> tuple[float, ...]:
+    """--physics-nudge's comma-separated sizes (checked by ``openloop``)."""
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers (mm and degrees), got {text!r}") from None
 
 
 def openloop_main(argv: list[str] | None = None) -> int:
@@ -373,12 +437,17 @@ def openloop_main(argv: list[str] | None = None) -> int:
     p.add_argument("--horizon", type=int, default=DEFAULT_HORIZON, help="open-loop steps after the context window")
     p.add_argument("--baseline-mse", default=None, help="checkpoint trained with dynamics_objective: mse")
     p.add_argument("--out", default=None, help="output directory (default: MODEL/eval)")
-    p.add_argument("--videos", type=int, default=2, help="side-by-side MP4s (real | model | copy-last [| mse] [| one-step] [| autoencoder])")
+    p.add_argument("--videos", type=int, default=2, help="side-by-side MP4s (real | model | copy-last [| mse] [| one-step] [| autoencoder] [| physics])")
     p.add_argument("--autoencoder", action="store_true",
                    help="also score the real frames reconstructed by the model's autoencoder: the ceiling of any dynamics")
     p.add_argument("--one-step", action="store_true",
                    help="also score one-step predictions from the real frames before each (teacher forcing): "
                         "the dynamics' own error, without compounding")
+    p.add_argument("--physics-nudge", type=nudge_sizes, default=(), metavar="SIGMA[,SIGMA...]",
+                   help="also score the reference simulator replaying the same commands from each episode's "
+                        "collecting seed, the T nudged by SIGMA mm and SIGMA deg (normal) at the last context "
+                        "frame: the floor of a model that knows the state as well as a camera (needs the bags); "
+                        "one row per size, e.g. 0,2,5")
     p.add_argument("--split", default="val", help="dataset split to evaluate on")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-pose", action="store_true", help="skip the push_t T-pose metrics")
@@ -394,7 +463,8 @@ def openloop_main(argv: list[str] | None = None) -> int:
     try:
         report = openloop(args.model, args.data, args.episodes, args.horizon, args.baseline_mse, args.out, args.videos,
                           args.seed, args.split, not args.no_pose, args.device, dynamics_steps=args.dynamics_steps,
-                          autoencoder=args.autoencoder, one_step=args.one_step, history_level=args.history_level)
+                          autoencoder=args.autoencoder, one_step=args.one_step, history_level=args.history_level,
+                          physics_nudge=args.physics_nudge)
     except (EvalError, DatasetError, CheckpointError) as exc:
         print(f"iws eval openloop: error: {exc}", file=sys.stderr)
         return 2
