@@ -124,6 +124,9 @@ def test_physics_replay_reproduces_the_episode_and_its_nudge_moves_the_t(tiny_wo
     nudged = exact["models"]["physics_nudge_15"]["summary"]
     assert nudged["t_position_error_mm"] > 5 and nudged["psnr"] < s["psnr"]
     assert nudged["joint_mae_rad"] < 1e-3  # the arm follows the same commands; only the T was moved
+    # the estimator read against the simulator's own pose: how precise the pose metrics are at this resolution
+    truth = exact["models"]["physics_nudge_0"]["estimator_vs_truth"]
+    assert truth["frames"] > 0 and 0 < truth["t_position_error_mm"] < 15 and truth["t_yaw_error_deg"] < 15
     # the replay needs the bags the dataset was built from: gone, the error says so and nothing runs
     moved = tmp_path / "moved"
     shutil.copytree(dataset_dir, moved)

@@ -55,8 +55,9 @@ def nudge_for(rng: np.random.Generator, sigma: float) -> np.ndarray:
 
 
 def replay(sim: ReferenceSim, seed: int, commands: np.ndarray, nudge_at: int | None = None,
-           nudge: np.ndarray | None = None, render_from: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Frames ``render_from..len(commands)`` and their joint positions of episode ``seed``
+           nudge: np.ndarray | None = None, render_from: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Frames ``render_from..len(commands)``, their joint positions and true object poses
+    (frames, objects, 3) of episode ``seed``
     (commands[i] produces frame i + 1, as recorded), the object's pose moved by ``nudge``
     (dx, dy, dyaw; its velocity kept) right after frame ``nudge_at`` is rendered."""
     if sim.task_name != "push_t" and nudge is not None:
@@ -65,11 +66,12 @@ def replay(sim: ReferenceSim, seed: int, commands: np.ndarray, nudge_at: int | N
     follower = JointCommandFollower(sim.profile.joints)
     follower.reset(sim.joint_positions())
     dt = sim.profile.control_period_s
-    frames, joints = [], []
+    frames, joints, poses = [], [], []
     for frame in range(len(commands) + 1):
         if frame >= render_from:
             frames.append(sim.render())
             joints.append(sim.joint_positions())
+            poses.append(sim.task.object_poses())
         if frame == nudge_at and nudge is not None:  # after the frame is seen: what its reader gets wrong
             body = sim.task.block
             sim.data.qpos[body.qpos_adr] = body.get(sim.data) + np.asarray(nudge, np.float64)
@@ -81,4 +83,4 @@ def replay(sim: ReferenceSim, seed: int, commands: np.ndarray, nudge_at: int | N
         except CommandRejected:
             pass  # as when recorded: the previous target is kept
         sim.step(follower.step(CLOCK_START_S + frame * dt, dt))
-    return np.stack(frames), np.stack(joints).astype(np.float32)
+    return np.stack(frames), np.stack(joints).astype(np.float32), np.stack(poses)

@@ -197,8 +197,9 @@ def autoencoded(world: WorldModel, data: OpenLoopData, seed: int) -> tuple[np.nd
 
 
 def physics_replay(dataset: Dataset, data: OpenLoopData, sigma: float, seed: int, size: int,
-                   progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """The reference simulator replaying each episode's recorded commands from its collecting seed,
+                   progress: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Frames (N, H, S, S, 3), joints (N, H, J) and the T's true poses (N, H, 3) of the reference
+    simulator replaying each episode's recorded commands from its collecting seed,
     the T nudged by ``sigma`` mm / deg (normal, drawn per episode from ``seed``) at the last context
     frame: the floor of any model that knows the state as well as a camera does. Needs the bags the
     dataset was built from (their seeds) and a scene that still reproduces them."""
@@ -216,6 +217,7 @@ def physics_replay(dataset: Dataset, data: OpenLoopData, sigma: float, seed: int
                         f"these are {sorted({t for _, t in seeds})}")
     images = np.zeros((n, horizon, size, size, 3), np.uint8)
     joints = np.zeros((n, horizon, len(dataset.joint_names)), np.float32)
+    truth = np.full((n, horizon, 3), np.nan)
     profile = load_robot_profile(dataset.meta.get("profile"))
     sim = ReferenceSim(profile, task=POSE_TASK)
     try:
@@ -224,8 +226,8 @@ def physics_replay(dataset: Dataset, data: OpenLoopData, sigma: float, seed: int
                 steps = int(data.valid[i].sum())
                 commands = np.asarray(dataset.actions[episode.start:episode.start + window - 1 + steps])
                 nudge = nudge_for(np.random.default_rng([seed, episode.index]), sigma)
-                frames, frame_joints = replay(sim, episode_seed, commands, nudge_at=window - 1, nudge=nudge,
-                                              render_from=window - 1)
+                frames, frame_joints, object_poses = replay(sim, episode_seed, commands, nudge_at=window - 1,
+                                                            nudge=nudge, render_from=window - 1)
                 seen = data.context_images[i, -1]
                 gap = (np.abs(frames[0].astype(np.int16) - seen.astype(np.int16)).mean()
                        if frames[0].shape == seen.shape else float("inf"))
@@ -235,10 +237,22 @@ def physics_replay(dataset: Dataset, data: OpenLoopData, sigma: float, seed: int
                                     f"profile changed since it was collected")
                 images[i, :steps] = resize(frames[1:], size)
                 joints[i, :steps] = frame_joints[1:]
+                truth[i, :steps] = object_poses[1:, 0]
                 bar.update(1)
     finally:
         sim.close()
-    return images, joints
+    return images, joints, truth
+
+
+def estimator_error(poses: tuple[np.ndarray, np.ndarray], truth: np.ndarray, valid: np.ndarray) -> dict:
+    """How far the pixel estimator reads the T from where the simulator has it: the precision of
+    the pose metrics themselves at the model's resolution (found frames only)."""
+    found, estimated = poses
+    position, yaw = metrics.pose_errors(estimated, truth)
+    judged = valid & found & np.isfinite(yaw)
+    return {"frames": int(judged.sum()), "t_position_error_mm": float(np.mean(position[judged])) if judged.any() else None,
+            "t_yaw_error_deg": float(np.mean(yaw[judged])) if judged.any() else None,
+            "t_yaw_error_deg_median": float(np.median(yaw[judged])) if judged.any() else None}
 
 
 def frame_poses(estimator, images: np.ndarray, valid: np.ndarray, camera_hw: tuple[int, int],
@@ -344,9 +358,12 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
     if autoencoder:
         predictions[AUTOENCODER] = autoencoded(world, cut, seed)
         order.append(AUTOENCODER)
+    truths = {}  # the simulator's own T poses of the physics rows
     for sigma in physics_nudge:
-        predictions[PHYSICS.format(sigma)] = physics_replay(dataset, cut, sigma, seed, size, progress)
-        order.append(PHYSICS.format(sigma))
+        name = PHYSICS.format(sigma)
+        images, joints, truths[name] = physics_replay(dataset, cut, sigma, seed, size, progress)
+        predictions[name] = (images, joints)
+        order.append(name)
 
     tasks = sorted({e.task for e in cut.episodes})
     poses, pose_note = {}, None
@@ -369,6 +386,9 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
     with progress_bar(n * h_eff * len(order), "PSNR and SSIM", progress, unit="frame") as bar:
         results = {name: score_open_loop(*predictions[name], cut, poses.get("real"), poses.get(name), bar)
                    for name in order}
+    for name, truth in truths.items():
+        if name in poses:
+            results[name]["estimator_vs_truth"] = estimator_error(poses[name], truth, cut.valid)
     out = Path(out) if out else Path(model) / "eval"
     out.mkdir(parents=True, exist_ok=True)
     video_paths = []
@@ -412,11 +432,15 @@ def _print_openloop(report: dict, out: Path) -> None:
     for name, r in report["models"].items():
         s = r["summary"]
         fmt = lambda key, spec: "-" if s.get(key) is None else format(s[key], spec)
-        print(f"  {name:14s} PSNR {fmt('psnr', '6.2f')} dB  SSIM {fmt('ssim', '.3f')}  joints {fmt('joint_mae_rad', '.4f')} rad"
+        print(f"  {name:16s} PSNR {fmt('psnr', '6.2f')} dB  SSIM {fmt('ssim', '.3f')}  joints {fmt('joint_mae_rad', '.4f')} rad"
               + (f"  T found {fmt('t_found_rate', '.2f')}  pos {fmt('t_position_error_mm', '.1f')} mm"
                  f"  yaw {fmt('t_yaw_error_deg', '.1f')} deg (median {fmt('t_yaw_error_deg_median', '.1f')},"
                  f" {fmt('t_yaw_flip_rate', '.0%')} over {metrics.FLIP_DEG:g})"
                  if "t_found_rate" in s else ""))
+        truth = r.get("estimator_vs_truth")
+        if truth and truth["frames"]:
+            print(f"  {'':16s} its frames read against the simulator's T: pos {truth['t_position_error_mm']:.1f} mm"
+                  f"  yaw {truth['t_yaw_error_deg']:.1f} deg (median {truth['t_yaw_error_deg_median']:.1f})")
     print(f"wrote {out / 'openloop.json'}" + (f" and {len(report['videos'])} video(s)" if report["videos"] else ""))
 
 
