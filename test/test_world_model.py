@@ -630,7 +630,7 @@ def test_config_errors_name_the_key(tmp_path):
         with pytest.raises(ConfigError, match=key):
             load_config(bad)
     shipped = sorted((ROOT / "config/models").glob("*.yaml"))
-    assert {p.stem for p in shipped} >= {"push_t", "push_t_mse", "push_t_jumps", "push_t_chain", "paper_128", "tiny"}
+    assert {p.stem for p in shipped} >= {"push_t", "push_t_mse", "push_t_jumps", "push_t_chain", "push_t_deep", "paper_128", "tiny"}
     for path in shipped:
         load_config(path)
 
