@@ -113,6 +113,29 @@ def test_history_level_override_labels_the_history_and_is_checked(tiny_world_mod
     assert code == 2 and "history_level" in capsys.readouterr().err
 
 
+def test_seed_spread_scores_the_model_against_itself_under_the_next_seed(tiny_world_model, dataset_dir, tmp_path, capsys):
+    code = evaluate.openloop_main(["--model", str(tiny_world_model), "--data", str(dataset_dir), "--episodes", "2",
+                                   "--horizon", "8", "--seed", "4", "--seed-spread", "--videos", "0", "--out", str(tmp_path)])
+    assert code == 0 and "against itself under seed 5" in capsys.readouterr().out
+    report = json.loads((tmp_path / "openloop.json").read_text())
+    assert report["protocol"]["seed_spread"] == 5 and "seed_spread" not in report["models"]["copy_last"]
+    spread = report["models"]["world_model"]["seed_spread"]
+    world = WorldModel.load(tiny_world_model)
+    cut = evaluate.load_open_loop_data(Dataset(dataset_dir), world.config.window, 8, 2, world.image_size)
+    first, _ = evaluate.rollout_open_loop(world, cut, seed=4, progress=False)
+    second, _ = evaluate.rollout_open_loop(world, cut, seed=5, progress=False)
+    assert not np.array_equal(first, second)  # the seed reaches the sampler
+    psnr = metrics.frame_fidelity(first, second)["psnr"][cut.valid].mean()
+    assert spread["psnr"] == pytest.approx(psnr, abs=1e-4) and spread["psnr"] < metrics.PSNR_CAP_DB
+    # the tiny model draws no T to read; the pose part on the real frames against themselves, then turned
+    estimator, _ = evaluate._pose_estimator(None)
+    real = evaluate.frame_poses(estimator, cut.real_images, cut.valid, Dataset(dataset_dir).image_size)
+    same = evaluate.rollout_spread(cut.real_images, cut.real_images, real, real, cut.valid)
+    assert same["psnr"] == metrics.PSNR_CAP_DB and same["t_position_mm"] == 0.0 and same["t_yaw_deg"] == 0.0
+    turned = (real[0], real[1] + np.array([0.0, 0.0, np.radians(30.0)]))
+    assert evaluate.rollout_spread(cut.real_images, cut.real_images, real, turned, cut.valid)["t_yaw_deg"] == pytest.approx(30.0)
+
+
 def test_physics_replay_reproduces_the_episode_and_its_nudge_moves_the_t(tiny_world_model, dataset_dir, tmp_path, capsys):
     # the reference simulator replaying the recorded commands from the collecting seed is the episode again
     exact = evaluate.openloop(tiny_world_model, dataset_dir, episodes=1, horizon=12, out=tmp_path, videos=0,

@@ -255,6 +255,22 @@ def estimator_error(poses: tuple[np.ndarray, np.ndarray], truth: np.ndarray, val
             "t_yaw_error_deg_median": float(np.median(yaw[judged])) if judged.any() else None}
 
 
+def rollout_spread(first: np.ndarray, second: np.ndarray, first_poses: tuple | None, second_poses: tuple | None,
+                   valid: np.ndarray) -> dict:
+    """How far two rollouts of one model under the same commands but different noise seeds end up
+    apart. A spread much smaller than the error to the real frames says the error is the model's
+    bias (it predicts the same wrong thing every time), not its sampling."""
+    fidelity = metrics.frame_fidelity(first, second)
+    spread = {"psnr": float(fidelity["psnr"][valid].mean()), "ssim": float(fidelity["ssim"][valid].mean())}
+    if first_poses is not None and second_poses is not None:
+        position, yaw = metrics.pose_errors(first_poses[1], second_poses[1])
+        both = valid & first_poses[0] & second_poses[0] & np.isfinite(yaw)
+        if both.any():
+            spread.update(t_position_mm=float(position[both].mean()), t_yaw_deg=float(yaw[both].mean()),
+                          t_yaw_deg_median=float(np.median(yaw[both])))
+    return spread
+
+
 def frame_poses(estimator, images: np.ndarray, valid: np.ndarray, camera_hw: tuple[int, int],
                 bar=None) -> tuple[np.ndarray, np.ndarray]:
     """T pose of each valid frame (N, H, S, S, 3), estimated at camera resolution (the frames are
@@ -314,13 +330,14 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
              seed: int = 0, split: str = "val", pose: bool = True, device: str | None = None,
              progress: bool = True, dynamics_steps: int | None = None, autoencoder: bool = False,
              one_step: bool = False, history_level: int | None = None,
-             physics_nudge: tuple[float, ...] = ()) -> dict:
+             physics_nudge: tuple[float, ...] = (), seed_spread: bool = False) -> dict:
     """Run the open-loop protocol; writes OUT/openloop.json and the videos, returns the report.
     ``dynamics_steps`` overrides the model's consistency jumps per step (not the MSE baseline's);
     ``autoencoder`` adds the reconstructed real frames as a reference row (the dynamics' ceiling);
     ``one_step`` adds the model's one-step predictions from real history (teacher forcing);
     ``history_level`` overrides the noise label of the model's history at inference;
-    ``physics_nudge`` adds, per size, the reference simulator's own replay, the T nudged by that many mm / deg."""
+    ``physics_nudge`` adds, per size, the reference simulator's own replay, the T nudged by that many mm / deg;
+    ``seed_spread`` rolls the model out again under seed + 1 and reports how far the two rollouts differ."""
     started = time.time()
     if horizon < 1 or episodes < 1:
         raise EvalError(f"horizon and episodes must be >= 1, got {horizon} and {episodes}")
@@ -350,6 +367,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
     n, h_eff = cut.valid.shape
 
     predictions = {name: rollout_open_loop(w, cut, seed, f"open loop: {name}", progress) for name, w in worlds.items()}
+    again = rollout_open_loop(world, cut, seed + 1, f"open loop: {MODEL}, seed {seed + 1}", progress) if seed_spread else None
     predictions[COPY_LAST] = copy_last(cut)
     order = [MODEL, COPY_LAST] + ([MSE] if MSE in worlds else [])
     if one_step:
@@ -375,17 +393,22 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
         estimator, _ = _pose_estimator(dataset.meta.get("profile"))
         camera_hw = dataset.image_size
         estimated = [name for name in order if name != COPY_LAST]  # copy-last's pose is its last frame's
-        count = int(cut.valid.sum()) * (1 + len(estimated)) + n
+        count = int(cut.valid.sum()) * (1 + len(estimated) + (again is not None)) + n
         with progress_bar(count, "T pose estimation", progress, unit="frame") as bar:
             poses["real"] = frame_poses(estimator, cut.real_images, cut.valid, camera_hw, bar)
             for name in estimated:
                 poses[name] = frame_poses(estimator, predictions[name][0], cut.valid, camera_hw, bar)
             found, pose_last = frame_poses(estimator, cut.last_image[:, None], np.ones((n, 1), bool), camera_hw, bar)
             poses[COPY_LAST] = (np.repeat(found, h_eff, 1), np.repeat(pose_last, h_eff, 1))
+            if again is not None:
+                poses["again"] = frame_poses(estimator, again[0], cut.valid, camera_hw, bar)
 
     with progress_bar(n * h_eff * len(order), "PSNR and SSIM", progress, unit="frame") as bar:
         results = {name: score_open_loop(*predictions[name], cut, poses.get("real"), poses.get(name), bar)
                    for name in order}
+    if again is not None:
+        results[MODEL]["seed_spread"] = rollout_spread(predictions[MODEL][0], again[0], poses.get(MODEL),
+                                                       poses.get("again"), cut.valid)
     for name, truth in truths.items():
         if name in poses:
             results[name]["estimator_vs_truth"] = estimator_error(poses[name], truth, cut.valid)
@@ -413,6 +436,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
             "psnr_cap_db": metrics.PSNR_CAP_DB, "decode_steps": world.decode_steps,
             "dynamics_steps": world.dynamics_steps,
             "history_level": world.history_level, "physics_nudge": list(physics_nudge),
+            "seed_spread": seed + 1 if seed_spread else None,
             "pose_metrics": pose_note or "T pose by iws_reference_robot.perception on frames upscaled to the camera "
                                          "size; errors over frames where the T is found in both"},
         "models": results,
@@ -437,6 +461,11 @@ def _print_openloop(report: dict, out: Path) -> None:
                  f"  yaw {fmt('t_yaw_error_deg', '.1f')} deg (median {fmt('t_yaw_error_deg_median', '.1f')},"
                  f" {fmt('t_yaw_flip_rate', '.0%')} over {metrics.FLIP_DEG:g})"
                  if "t_found_rate" in s else ""))
+        spread = r.get("seed_spread")
+        if spread:
+            print(f"  {'':16s} against itself under seed {report['protocol']['seed_spread']}: PSNR {spread['psnr']:.2f} dB"
+                  + (f"  pos {spread['t_position_mm']:.1f} mm  yaw {spread['t_yaw_deg']:.1f} deg"
+                     f" (median {spread['t_yaw_deg_median']:.1f})" if "t_yaw_deg" in spread else ""))
         truth = r.get("estimator_vs_truth")
         if truth and truth["frames"]:
             print(f"  {'':16s} its frames read against the simulator's T: pos {truth['t_position_error_mm']:.1f} mm"
@@ -472,6 +501,9 @@ def openloop_main(argv: list[str] | None = None) -> int:
                         "collecting seed, the T nudged by SIGMA mm and SIGMA deg (normal) at the last context "
                         "frame: the floor of a model that knows the state as well as a camera (needs the bags); "
                         "one row per size, e.g. 0,2,5")
+    p.add_argument("--seed-spread", action="store_true",
+                   help="roll the model out again under seed + 1 and report how far the two rollouts differ "
+                        "(small against the error to the real frames: the error is bias, not sampling)")
     p.add_argument("--split", default="val", help="dataset split to evaluate on")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-pose", action="store_true", help="skip the push_t T-pose metrics")
@@ -488,7 +520,7 @@ def openloop_main(argv: list[str] | None = None) -> int:
         report = openloop(args.model, args.data, args.episodes, args.horizon, args.baseline_mse, args.out, args.videos,
                           args.seed, args.split, not args.no_pose, args.device, dynamics_steps=args.dynamics_steps,
                           autoencoder=args.autoencoder, one_step=args.one_step, history_level=args.history_level,
-                          physics_nudge=args.physics_nudge)
+                          physics_nudge=args.physics_nudge, seed_spread=args.seed_spread)
     except (EvalError, DatasetError, CheckpointError) as exc:
         print(f"iws eval openloop: error: {exc}", file=sys.stderr)
         return 2
