@@ -22,6 +22,10 @@ import numpy as np
 
 from iws_common.profile import JointSpec
 
+# The simulation clock (ns) at the first frame of an episode that `iws collect` records: the
+# follower's ``now`` for control step k is CLOCK_START_NS + k * period, when recorded and replayed.
+CLOCK_START_NS = 1_000_000_000
+
 
 class CommandRejected(ValueError):
     """A command broke a rule; ``kind`` is a short stable label for rate-limited logging."""

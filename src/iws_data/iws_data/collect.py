@@ -24,6 +24,7 @@ import numpy as np
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
+from iws_common.commands import CLOCK_START_NS  # noqa: E402
 from iws_common.profile import ProfileError, RobotProfile, load_profile  # noqa: E402
 from iws_data.bags import DEFAULT_STORAGE, STORAGES, BagError, BagWriter  # noqa: E402
 
@@ -34,7 +35,6 @@ from std_msgs.msg import Float64MultiArray  # noqa: E402
 
 PARTIAL_DIR = ".partial"
 # Sim clock of every episode starts here (not at 0, which ROS reads as "no stamp").
-CLOCK_START_NS = 1_000_000_000
 DEFAULT_MIX = "expert=0.4,random=0.3,contact=0.3"
 RECORDED_KINDS = ["image", "camera_info", "joint_states", "position_command", "task_state", "episode_events"]
 

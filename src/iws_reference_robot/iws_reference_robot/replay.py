@@ -19,12 +19,9 @@ import mujoco
 import numpy as np
 import yaml
 
-from iws_common.commands import CommandRejected, JointCommandFollower
+from iws_common.commands import CLOCK_START_NS, CommandRejected, JointCommandFollower
 
 from .sim import ReferenceSim
-
-CLOCK_START_S = 1.0  # iws_data.collect.CLOCK_START_NS: the follower sees the same clock as when recorded
-
 
 class ReplayError(ValueError):
     """The episode cannot be replayed (not collected by `iws collect`, bag gone, other scene)."""
@@ -65,7 +62,7 @@ def replay(sim: ReferenceSim, seed: int, commands: np.ndarray, nudge_at: int | N
     sim.reset(seed)
     follower = JointCommandFollower(sim.profile.joints)
     follower.reset(sim.joint_positions())
-    dt = sim.profile.control_period_s
+    dt_ns = round(sim.profile.control_period_s * 1e9)  # the clock ticks as `iws collect` ticked it
     frames, joints, poses = [], [], []
     for frame in range(len(commands) + 1):
         if frame >= render_from:
@@ -82,5 +79,5 @@ def replay(sim: ReferenceSim, seed: int, commands: np.ndarray, nudge_at: int | N
             follower.set_position_command(np.asarray(commands[frame], np.float64))
         except CommandRejected:
             pass  # as when recorded: the previous target is kept
-        sim.step(follower.step(CLOCK_START_S + frame * dt, dt))
+        sim.step(follower.step((CLOCK_START_NS + frame * dt_ns) * 1e-9, dt_ns * 1e-9))
     return np.stack(frames), np.stack(joints).astype(np.float32), np.stack(poses)
