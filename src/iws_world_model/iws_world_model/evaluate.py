@@ -244,15 +244,22 @@ def physics_replay(dataset: Dataset, data: OpenLoopData, sigma: float, seed: int
     return images, joints, truth
 
 
+def pose_gap(first: np.ndarray, second: np.ndarray, judged: np.ndarray) -> tuple[int, float | None, float | None, float | None]:
+    """Frames judged (where both yaws are finite too), mean position gap (mm), mean and median yaw
+    gap (deg) between two sets of T poses (..., 3); None where no frame is judged."""
+    position, yaw = metrics.pose_errors(first, second)
+    judged = judged & np.isfinite(yaw)
+    if not judged.any():
+        return 0, None, None, None
+    return int(judged.sum()), float(position[judged].mean()), float(yaw[judged].mean()), float(np.median(yaw[judged]))
+
+
 def estimator_error(poses: tuple[np.ndarray, np.ndarray], truth: np.ndarray, valid: np.ndarray) -> dict:
     """How far the pixel estimator reads the T from where the simulator has it: the precision of
     the pose metrics themselves at the model's resolution (found frames only)."""
     found, estimated = poses
-    position, yaw = metrics.pose_errors(estimated, truth)
-    judged = valid & found & np.isfinite(yaw)
-    return {"frames": int(judged.sum()), "t_position_error_mm": float(np.mean(position[judged])) if judged.any() else None,
-            "t_yaw_error_deg": float(np.mean(yaw[judged])) if judged.any() else None,
-            "t_yaw_error_deg_median": float(np.median(yaw[judged])) if judged.any() else None}
+    frames, position, yaw, yaw_median = pose_gap(estimated, truth, valid & found)
+    return {"frames": frames, "t_position_error_mm": position, "t_yaw_error_deg": yaw, "t_yaw_error_deg_median": yaw_median}
 
 
 def rollout_spread(first: np.ndarray, second: np.ndarray, first_poses: tuple | None, second_poses: tuple | None,
@@ -263,11 +270,9 @@ def rollout_spread(first: np.ndarray, second: np.ndarray, first_poses: tuple | N
     fidelity = metrics.frame_fidelity(first, second)
     spread = {"psnr": float(fidelity["psnr"][valid].mean()), "ssim": float(fidelity["ssim"][valid].mean())}
     if first_poses is not None and second_poses is not None:
-        position, yaw = metrics.pose_errors(first_poses[1], second_poses[1])
-        both = valid & first_poses[0] & second_poses[0] & np.isfinite(yaw)
-        if both.any():
-            spread.update(t_position_mm=float(position[both].mean()), t_yaw_deg=float(yaw[both].mean()),
-                          t_yaw_deg_median=float(np.median(yaw[both])))
+        frames, position, yaw, yaw_median = pose_gap(first_poses[1], second_poses[1], valid & first_poses[0] & second_poses[0])
+        if frames:
+            spread.update(t_position_mm=position, t_yaw_deg=yaw, t_yaw_deg_median=yaw_median)
     return spread
 
 
