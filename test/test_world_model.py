@@ -375,6 +375,26 @@ def test_multistep_dynamics_trains_the_jumps_it_rolls_out_with(tmp_path, dataset
         WorldModel.load(out, dynamics_steps=4)
 
 
+def test_l1_dynamics_distance_trains_the_median_and_logs_the_squared_error(dataset_dir):
+    """dynamics_distance: l1 trains the next latent's absolute error (its per-element median); the
+    logged "dynamics" stays the squared error, so runs of either distance compare."""
+    model_cfg, train_cfg = load_config(TINY)
+    network = WorldModelNetwork(model_cfg, joint_dim=2)
+    normalization = {"action_low": [0.0, 0.0], "action_high": [1.0, 1.0], "joint_mean": [0.5, 0.5], "joint_std": [0.2, 0.2]}
+    data = train.WindowData(Dataset(dataset_dir), train.StageObjective.window_length(model_cfg, train_cfg))
+    batch = torch.utils.data.default_collate([data[i] for i in range(8)])
+    out = {}
+    for distance in ("l2", "l1"):
+        objective = train.StageObjective(network, 2, dataclasses.replace(train_cfg, dynamics_distance=distance), normalization)
+        torch.manual_seed(0)
+        out[distance] = {k: v.item() for k, v in objective(batch).items()}
+    assert out["l1"]["dynamics"] == pytest.approx(out["l2"]["dynamics"]) and out["l1"]["joint"] == pytest.approx(out["l2"]["joint"])
+    squared = out["l2"]["loss"] - train_cfg.joint_loss_weight * out["l2"]["joint"]
+    absolute = out["l1"]["loss"] - train_cfg.joint_loss_weight * out["l1"]["joint"]
+    assert squared == pytest.approx(out["l2"]["dynamics"], rel=1e-5)
+    assert squared < absolute <= squared ** 0.5 * (1 + 1e-5)  # |e| > e^2 for small errors; mean|e| <= rms(e)
+
+
 def test_warm_start_of_every_stage_for_a_new_task(tmp_path, dataset_dir, run_dir):
     """--init-weights with stage 1 in the plan retrains every stage from CKPT (rope or pile on the
     push_t model's robot and camera): stage 1 starts where CKPT's ended, not from scratch."""
@@ -625,7 +645,8 @@ def test_config_errors_name_the_key(tmp_path):
         with pytest.raises(ConfigError, match="dynamics_steps"):
             load_config(bad)
     for key, value in (("dynamics_jump_fraction", 1.5), ("self_forcing_fraction", -0.1), ("self_forcing_frames", -1),
-                       ("self_forcing_min_frames", 3), ("motion_oversample", 0.5), ("motion_min_pixels", 0)):
+                       ("self_forcing_min_frames", 3), ("motion_oversample", 0.5), ("motion_min_pixels", 0),
+                       ("dynamics_distance", "l3")):
         bad.write_text(f"train:\n  {key}: {value}\n")
         with pytest.raises(ConfigError, match=key):
             load_config(bad)

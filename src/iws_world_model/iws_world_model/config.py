@@ -107,6 +107,7 @@ class TrainConfig:
     self_forcing_fraction: float = 0.0   # stage 2 (consistency dynamics): share of the batch whose newest history frames are its own predictions
     self_forcing_frames: int = 2         # how many chained one-jump predictions precede the target; beyond window - 1 the windows grow and the whole history is the model's own
     self_forcing_min_frames: int = 0     # > 0: each batch draws that count uniformly from this..self_forcing_frames (0: always self_forcing_frames)
+    dynamics_distance: str = "l2"    # stage 2: "l2" regresses the next latent's mean, "l1" its per-element median (no superposition of outcomes)
     motion_oversample: float = 1.0   # stage 2: windows whose target frame moves the task's object are drawn this many times as often
     motion_task: str = "push_t"      # whose object mask says what moved (iws_reference_robot.perception.OBJECT_MASKS)
     motion_min_pixels: int = 6       # object-mask pixels (at the dataset's image size) that must change from the last history frame
@@ -131,6 +132,8 @@ class TrainConfig:
         for key in ("terminal_fraction", "dynamics_jump_fraction", "self_forcing_fraction"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"{where}.{key}: must lie in [0, 1], got {getattr(self, key)!r}")
+        if self.dynamics_distance not in ("l2", "l1"):
+            raise ConfigError(f"{where}.dynamics_distance: must be 'l2' or 'l1', got {self.dynamics_distance!r}")
         if not self.motion_oversample >= 1:
             raise ConfigError(f"{where}.motion_oversample: must be >= 1 (1: off), got {self.motion_oversample!r}")
         if self.motion_min_pixels < 1:
