@@ -41,7 +41,11 @@ def test_openloop_writes_report_with_baselines_and_video(tiny_world_model, datas
         assert all(len(v) == horizon for v in result["per_step"].values()), name
         assert set(result["per_episode"]) == PER_STEP, name
         assert all(len(v) == len(protocol["episodes"]) for v in result["per_episode"].values()), name
-        assert set(result["summary"]) == PER_STEP | {"psnr_last_step", "t_yaw_error_deg_median"}
+        assert set(result["summary"]) == PER_STEP | {"psnr_last_step", "t_yaw_error_deg_median", "t_at_rest_rate",
+                                                     "t_yaw_error_deg_at_rest", "t_yaw_error_deg_moved"}
+    # copy-last is the last context frame: where the real T has not moved since, it is within REST_DEG
+    copy_summary = report["models"]["copy_last"]["summary"]
+    assert 0 < copy_summary["t_at_rest_rate"] <= 1 and copy_summary["t_yaw_error_deg_at_rest"] < evaluate.REST_DEG
     copy_episodes = report["models"]["copy_last"]["per_episode"]["psnr"]
     assert all(metrics.PSNR_CAP_DB > v > 0 for v in copy_episodes)  # each episode's own mean, not a copy of the summary
     assert report["models"]["mse_baseline"] == report["models"]["world_model"]
@@ -185,6 +189,18 @@ def test_real_frames_as_prediction_score_perfectly(tiny_world_model, dataset_dir
         turned = (real[0], real[1] + np.array([0.0, 0.0, np.radians(turn)]))
         s = evaluate.score_open_loop(cut.real_images, cut.real_joints, cut, real, turned)["summary"]
         assert s["t_yaw_error_deg"] == pytest.approx(turn) and s["t_yaw_flip_rate"] == flips
+    # the yaw error split by whether the real T has moved since the context: here the real T "moved"
+    # 30 deg from step 2 on, and the prediction turns it 120 deg in steps 0-1 only (an invented turn)
+    assert cut.valid.all() and real[0].all()
+    last = (real[0], real[1].copy())
+    last[1][:, 2:, 2] += np.radians(30.0)
+    rest = evaluate.at_rest(real, last)
+    assert rest.tolist() == [[True, True, False, False, False]]
+    invented = (real[0], real[1].copy())
+    invented[1][:, :2, 2] += np.radians(120.0)
+    s = evaluate.score_open_loop(cut.real_images, cut.real_joints, cut, real, invented, rest=rest)["summary"]
+    assert s["t_at_rest_rate"] == pytest.approx(0.4)
+    assert s["t_yaw_error_deg_at_rest"] == pytest.approx(120.0) and s["t_yaw_error_deg_moved"] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_separable_ssim_equals_torchmetrics():

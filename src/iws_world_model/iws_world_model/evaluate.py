@@ -41,6 +41,7 @@ POSE_TASK = "push_t"
 MODEL, COPY_LAST, MSE, AUTOENCODER, ONE_STEP = "world_model", "copy_last", "mse_baseline", "autoencoder", "one_step"
 PHYSICS = "physics_nudge_{:g}"  # one row per nudge size
 REPLAY_TOLERANCE = 0.5  # mean |difference| in uint8 levels of a replayed context frame (float32 commands: ~0)
+REST_MM, REST_DEG = 5.0, 5.0  # the real T within this of its last context pose is "at rest" (at_rest)
 
 
 class EvalError(RuntimeError):
@@ -289,9 +290,22 @@ def frame_poses(estimator, images: np.ndarray, valid: np.ndarray, camera_hw: tup
     return found, poses
 
 
+def at_rest(real_poses: tuple, last_poses: tuple) -> np.ndarray:
+    """(N, H) frames where the real T is found within REST_MM and REST_DEG of where it was in the last
+    context frame: nothing has pushed it yet (or it was pushed back), so copy-last is right there and
+    any yaw error a model makes on them is a turn it invented, not a push it got wrong."""
+    (real_found, real_pose), (last_found, last_pose) = real_poses, last_poses
+    position, yaw = metrics.pose_errors(real_pose, last_pose)
+    with np.errstate(invalid="ignore"):
+        return real_found & last_found & (position < REST_MM) & (yaw < REST_DEG)
+
+
 def score_open_loop(pred_images: np.ndarray, pred_joints: np.ndarray, data: OpenLoopData,
-                    real_poses: tuple | None = None, pred_poses: tuple | None = None, bar=None) -> dict:
-    """Per-step curves (averaged over the episodes that reach the step) and their horizon means."""
+                    real_poses: tuple | None = None, pred_poses: tuple | None = None, bar=None,
+                    rest: np.ndarray | None = None) -> dict:
+    """Per-step curves (averaged over the episodes that reach the step) and their horizon means.
+    ``rest`` (N, H), from ``at_rest``, splits the yaw error into frames where the real T has not
+    moved since the context and frames where it has."""
     valid = data.valid
     fidelity = metrics.frame_fidelity(pred_images, data.real_images, progress=bar)
     # (N, H) values and the frames where each counts; per step they average over the episodes,
@@ -316,6 +330,11 @@ def score_open_loop(pred_images: np.ndarray, pred_joints: np.ndarray, data: Open
         yaw, counted = frames["t_yaw_error_deg"]
         kept = yaw[counted & np.isfinite(yaw)]
         summary["t_yaw_error_deg_median"] = float(np.median(kept)) if kept.size else float("nan")
+        if rest is not None:
+            judged = counted & np.isfinite(yaw)
+            summary["t_at_rest_rate"] = float(rest[judged].mean()) if judged.any() else float("nan")
+            for key, where in (("t_yaw_error_deg_at_rest", judged & rest), ("t_yaw_error_deg_moved", judged & ~rest)):
+                summary[key] = float(yaw[where].mean()) if where.any() else float("nan")
     return {"per_step": per_step, "per_episode": per_episode, "summary": summary}
 
 
@@ -409,7 +428,8 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
                 poses["again"] = frame_poses(estimator, again[0], cut.valid, camera_hw, bar)
 
     with progress_bar(n * h_eff * len(order), "PSNR and SSIM", progress, unit="frame") as bar:
-        results = {name: score_open_loop(*predictions[name], cut, poses.get("real"), poses.get(name), bar)
+        rest = at_rest(poses["real"], poses[COPY_LAST]) if poses else None
+        results = {name: score_open_loop(*predictions[name], cut, poses.get("real"), poses.get(name), bar, rest)
                    for name in order}
     if again is not None:
         results[MODEL]["seed_spread"] = rollout_spread(predictions[MODEL][0], again[0], poses.get(MODEL),
@@ -466,6 +486,9 @@ def _print_openloop(report: dict, out: Path) -> None:
                  f"  yaw {fmt('t_yaw_error_deg', '.1f')} deg (median {fmt('t_yaw_error_deg_median', '.1f')},"
                  f" {fmt('t_yaw_flip_rate', '.0%')} over {metrics.FLIP_DEG:g})"
                  if "t_found_rate" in s else ""))
+        if s.get("t_at_rest_rate") is not None:
+            print(f"  {'':16s} yaw where the real T is at rest ({s['t_at_rest_rate']:.0%} of frames) "
+                  f"{fmt('t_yaw_error_deg_at_rest', '.1f')} deg, where it moved {fmt('t_yaw_error_deg_moved', '.1f')} deg")
         spread = r.get("seed_spread")
         if spread:
             print(f"  {'':16s} against itself under seed {report['protocol']['seed_spread']}: PSNR {spread['psnr']:.2f} dB"
