@@ -356,6 +356,13 @@ def test_multistep_dynamics_trains_the_jumps_it_rolls_out_with(tmp_path, dataset
     (t, s), = seen
     assert t[:8].tolist() == [999] * 8 and s.tolist() == [0] * 16
     assert set(t[8:].tolist()) <= {333, 499, 666} and len(set(t[8:].tolist())) > 1
+    # dynamics_jump_levels: uniform draws that share's levels from 1..998 (a denoiser at every level)
+    seen.clear()
+    uniform = train.StageObjective(network, 2, dataclasses.replace(train_cfg, dynamics_jump_levels="uniform"), normalization)
+    uniform(torch.utils.data.default_collate([data[i] for i in range(16)]))
+    (t, s), = seen
+    assert t[:8].tolist() == [999] * 8 and s.tolist() == [0] * 16
+    assert all(1 <= v <= 998 for v in t[8:].tolist()) and not set(t[8:].tolist()) <= {333, 499, 666}
 
     out = tmp_path / "jumps"
     assert train.main(["--config", str(cfg_path), "--data", str(dataset_dir), "--out", str(out), "--stage", "2",
@@ -646,12 +653,13 @@ def test_config_errors_name_the_key(tmp_path):
             load_config(bad)
     for key, value in (("dynamics_jump_fraction", 1.5), ("self_forcing_fraction", -0.1), ("self_forcing_frames", -1),
                        ("self_forcing_min_frames", 3), ("motion_oversample", 0.5), ("motion_min_pixels", 0),
-                       ("dynamics_distance", "l3")):
+                       ("dynamics_distance", "l3"), ("dynamics_jump_levels", "all")):
         bad.write_text(f"train:\n  {key}: {value}\n")
         with pytest.raises(ConfigError, match=key):
             load_config(bad)
     shipped = sorted((ROOT / "config/models").glob("*.yaml"))
-    assert {p.stem for p in shipped} >= {"push_t", "push_t_mse", "push_t_jumps", "push_t_chain", "push_t_deep", "paper_128", "tiny"}
+    assert {p.stem for p in shipped} >= {"push_t", "push_t_mse", "push_t_jumps", "push_t_chain", "push_t_deep", "push_t_l1",
+                                          "push_t_sampled", "paper_128", "tiny"}
     for path in shipped:
         load_config(path)
 

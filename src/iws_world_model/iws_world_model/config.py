@@ -104,6 +104,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     terminal_fraction: float = 0.5   # stage 1: share of the batch trained on the inference jumps
     dynamics_jump_fraction: float = 0.0  # stage 2: share of the batch whose target starts at 333/499/666, not 999
+    dynamics_jump_levels: str = "inference"  # where that share starts: "inference" (333/499/666) or "uniform" (1..998: a denoiser at every level)
     self_forcing_fraction: float = 0.0   # stage 2 (consistency dynamics): share of the batch whose newest history frames are its own predictions
     self_forcing_frames: int = 2         # how many chained one-jump predictions precede the target; beyond window - 1 the windows grow and the whole history is the model's own
     self_forcing_min_frames: int = 0     # > 0: each batch draws that count uniformly from this..self_forcing_frames (0: always self_forcing_frames)
@@ -132,6 +133,8 @@ class TrainConfig:
         for key in ("terminal_fraction", "dynamics_jump_fraction", "self_forcing_fraction"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"{where}.{key}: must lie in [0, 1], got {getattr(self, key)!r}")
+        if self.dynamics_jump_levels not in ("inference", "uniform"):
+            raise ConfigError(f"{where}.dynamics_jump_levels: must be 'inference' or 'uniform', got {self.dynamics_jump_levels!r}")
         if self.dynamics_distance not in ("l2", "l1"):
             raise ConfigError(f"{where}.dynamics_distance: must be 'l2' or 'l1', got {self.dynamics_distance!r}")
         if not self.motion_oversample >= 1:

@@ -98,7 +98,9 @@ class StageObjective(nn.Module):
             # again, which resolves a contact's outcome that the one jump averages.
             t_target = torch.full((b,), top, device=latents.device)
             jumps = int(round(b * self.train_cfg.dynamics_jump_fraction))
-            if jumps:
+            if jumps and self.train_cfg.dynamics_jump_levels == "uniform":  # every level: a denoiser, sampled in steps
+                t_target[b - jumps:] = torch.randint(1, top, (jumps,), device=latents.device)
+            elif jumps:
                 levels = torch.tensor(intermediate_levels(self.schedule.timesteps), device=latents.device)
                 t_target[b - jumps:] = levels[torch.randint(0, len(levels), (jumps,), device=latents.device)]
             x_t = self.schedule.add_noise(target, t_target, noise_like(target))
