@@ -94,11 +94,12 @@ class StageObjective(nn.Module):
             history = self.schedule.add_noise(history, level, noise_like(history))
             # The target jumps 999 -> 0 (one-step inference). A share of the batch instead starts the
             # target at the intermediate levels of 2- and 3-step inference (499; 666, 333) and regresses
-            # x0 from there too: inference re-noises its first answer to that level (DDIM) and asks
-            # again, which resolves a contact's outcome that the one jump averages.
+            # x0 from there too (or, with dynamics_jump_levels: uniform, at any level in 1..998):
+            # inference re-noises its first answer to that level (DDIM) and asks again, meant to
+            # resolve a contact's outcome that the one jump averages.
             t_target = torch.full((b,), top, device=latents.device)
             jumps = int(round(b * self.train_cfg.dynamics_jump_fraction))
-            if jumps and self.train_cfg.dynamics_jump_levels == "uniform":  # every level: a denoiser, sampled in steps
+            if jumps and self.train_cfg.dynamics_jump_levels == "uniform":
                 t_target[b - jumps:] = torch.randint(1, top, (jumps,), device=latents.device)
             elif jumps:
                 levels = torch.tensor(intermediate_levels(self.schedule.timesteps), device=latents.device)
