@@ -22,8 +22,9 @@ import numpy as np
 
 from iws_common.profile import JointSpec
 
-# The simulation clock (ns) at the first frame of an episode that `iws collect` records: the
-# follower's ``now`` for control step k is CLOCK_START_NS + k * period, when recorded and replayed.
+# The simulation clock (ns) at the first frame of an episode that `iws collect` records (not 0,
+# which ROS reads as "no stamp"): the follower's ``now`` for control step k is
+# CLOCK_START_NS + k * period, when recorded and replayed.
 CLOCK_START_NS = 1_000_000_000
 
 

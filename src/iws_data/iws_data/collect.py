@@ -34,7 +34,6 @@ from iws_interfaces.msg import EpisodeEvent  # noqa: E402
 from std_msgs.msg import Float64MultiArray  # noqa: E402
 
 PARTIAL_DIR = ".partial"
-# Sim clock of every episode starts here (not at 0, which ROS reads as "no stamp").
 DEFAULT_MIX = "expert=0.4,random=0.3,contact=0.3"
 RECORDED_KINDS = ["image", "camera_info", "joint_states", "position_command", "task_state", "episode_events"]
 

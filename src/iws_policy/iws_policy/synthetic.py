@@ -36,11 +36,11 @@ def collect_world_model(profile, model: str | Path, out: str | Path, episodes: i
     from std_msgs.msg import Float64MultiArray
     from tqdm import tqdm
 
-    from iws_common.commands import CommandRejected, JointCommandFollower
+    from iws_common.commands import CLOCK_START_NS, CommandRejected, JointCommandFollower
     from iws_common.image_conversion import numpy_to_image
     from iws_common.messages import camera_info_msg, time_msg
     from iws_data.bags import BagWriter
-    from iws_data.collect import CLOCK_START_NS, PARTIAL_DIR, episode_name, is_complete
+    from iws_data.collect import PARTIAL_DIR, episode_name, is_complete
     from iws_interfaces.msg import EpisodeEvent
     from iws_reference_robot.pixel_expert import PushTExpertPolicy
     from iws_reference_robot.scoring import PixelScorer

@@ -23,6 +23,7 @@ from iws_common.commands import CLOCK_START_NS, CommandRejected, JointCommandFol
 
 from .sim import ReferenceSim
 
+
 class ReplayError(ValueError):
     """The episode cannot be replayed (not collected by `iws collect`, bag gone, other scene)."""
 

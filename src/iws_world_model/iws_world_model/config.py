@@ -133,10 +133,9 @@ class TrainConfig:
         for key in ("terminal_fraction", "dynamics_jump_fraction", "self_forcing_fraction"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"{where}.{key}: must lie in [0, 1], got {getattr(self, key)!r}")
-        if self.dynamics_jump_levels not in ("inference", "uniform"):
-            raise ConfigError(f"{where}.dynamics_jump_levels: must be 'inference' or 'uniform', got {self.dynamics_jump_levels!r}")
-        if self.dynamics_distance not in ("l2", "l1"):
-            raise ConfigError(f"{where}.dynamics_distance: must be 'l2' or 'l1', got {self.dynamics_distance!r}")
+        for key, choices in (("dynamics_jump_levels", ("inference", "uniform")), ("dynamics_distance", ("l2", "l1"))):
+            if getattr(self, key) not in choices:
+                raise ConfigError(f"{where}.{key}: must be {' or '.join(map(repr, choices))}, got {getattr(self, key)!r}")
         if not self.motion_oversample >= 1:
             raise ConfigError(f"{where}.motion_oversample: must be >= 1 (1: off), got {self.motion_oversample!r}")
         if self.motion_min_pixels < 1:

@@ -328,10 +328,9 @@ def score_open_loop(pred_images: np.ndarray, pred_joints: np.ndarray, data: Open
     summary["psnr_last_step"] = float(per_step["psnr"][-1])
     if "t_yaw_error_deg" in frames:  # the yaw error is heavy-tailed (a smeared T reads 90-180 deg off)
         yaw, counted = frames["t_yaw_error_deg"]
-        kept = yaw[counted & np.isfinite(yaw)]
-        summary["t_yaw_error_deg_median"] = float(np.median(kept)) if kept.size else float("nan")
+        judged = counted & np.isfinite(yaw)
+        summary["t_yaw_error_deg_median"] = float(np.median(yaw[judged])) if judged.any() else float("nan")
         if rest is not None:
-            judged = counted & np.isfinite(yaw)
             summary["t_at_rest_rate"] = float(rest[judged].mean()) if judged.any() else float("nan")
             for key, where in (("t_yaw_error_deg_at_rest", judged & rest), ("t_yaw_error_deg_moved", judged & ~rest)):
                 summary[key] = float(yaw[where].mean()) if where.any() else float("nan")
