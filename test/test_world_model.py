@@ -402,6 +402,59 @@ def test_l1_dynamics_distance_trains_the_median_and_logs_the_squared_error(datas
     assert squared < absolute <= squared ** 0.5 * (1 + 1e-5)  # |e| > e^2 for small errors; mean|e| <= rms(e)
 
 
+def test_object_loss_weight_weighs_the_cells_the_object_covers(tmp_path):
+    """object_loss_weight: the latent cells the task's object covers (in the target or the last
+    history frame, grown by one cell) weigh 1 + w in the dynamics loss; "dynamics" is logged unweighted."""
+    data_dir = make_dataset(tmp_path / "block", block_moves=(6, 15))
+    dataset = Dataset(data_dir)
+    changed, cells = train.object_mask_pass(dataset.images, "push_t", latent_size=8, quiet=True)
+    # The 48 px camera pools to 8x8 cells of 6 px: the block (rows 2-7, columns 2-7, then 5-10, then 8-13).
+    first = dataset.episodes[1].start
+    for frame, columns in ((0, slice(0, 2)), (6, slice(0, 2)), (15, slice(1, 3))):
+        expected = np.zeros((8, 8), bool)
+        expected[0:2, columns] = True
+        np.testing.assert_array_equal(cells[first + frame].numpy(), expected)
+    # A 3 px shift of the 6 px block changes 2 x 3 x 6 mask pixels, counted across chunk seams alike.
+    assert changed[first + 6] == changed[first + 15] == 36 and changed[first + 7] == 0
+    np.testing.assert_array_equal(train.object_mask_pass(dataset.images, "push_t", chunk=7, quiet=True)[0], changed)
+
+    model_cfg, train_cfg = load_config(TINY)
+    network = WorldModelNetwork(model_cfg, joint_dim=2)
+    normalization = {"action_low": [0.0, 0.0], "action_high": [1.0, 1.0], "joint_mean": [0.5, 0.5], "joint_std": [0.2, 0.2]}
+    weighted = train.StageObjective(network, 2, dataclasses.replace(train_cfg, object_loss_weight=8.0), normalization)
+    on, off = torch.zeros(1, 4, 8, 8), torch.zeros(1, 4, 8, 8)
+    on[..., 3, 3], off[..., 0, 7] = 1.0, 1.0
+    total = 9 * 9 + 55  # the object's cell grown to 3x3 weighs 9, the other 55 cells 1
+    for newest in (0, 1):  # where the object was (last history frame) or is (target)
+        object_cells = torch.zeros((1, 2, 8, 8), dtype=torch.bool)
+        object_cells[0, newest, 3, 3] = True
+        assert weighted._object_weighted(on, {"object_cells": object_cells}).item() == pytest.approx(9 / total)
+        assert weighted._object_weighted(off, {"object_cells": object_cells}).item() == pytest.approx(1 / total)
+    with pytest.raises(KeyError, match="object_cells"):
+        weighted._object_weighted(on, {})
+
+    # On a real batch: the trained term changes, the logged one does not.
+    data = train.WindowData(dataset, train.StageObjective.window_length(model_cfg, train_cfg), object_cells=cells)
+    batch = torch.utils.data.default_collate([data[i] for i in range(8)])
+    assert batch["object_cells"].shape == (8, data.length, 8, 8)
+    plain = train.StageObjective(network, 2, train_cfg, normalization)
+    terms = {}
+    for name, objective in (("plain", plain), ("weighted", weighted)):
+        torch.manual_seed(0)
+        terms[name] = {k: v.item() for k, v in objective(batch).items()}
+    assert terms["weighted"]["dynamics"] == pytest.approx(terms["plain"]["dynamics"])
+    assert terms["weighted"]["loss"] != pytest.approx(terms["plain"]["loss"])
+
+    with pytest.raises(ConfigError, match="object_loss_weight"):
+        dataclasses.replace(train_cfg, object_loss_weight=-1.0).validate()
+    config = tmp_path / "tiny_object.yaml"  # through the trainer: stage 2 draws the cells with the windows
+    config.write_text(TINY.read_text().replace("train:\n", "train:\n  object_loss_weight: 8.0\n"))
+    assert train.main(["--config", str(config), "--data", str(data_dir), "--out", str(tmp_path / "run"),
+                       "--steps", "5", "--device", "cpu"]) == 0
+    stats = json.loads((tmp_path / "run" / checkpoint.CONFIG).read_text())["training"]["stages"]["2"]
+    assert np.isfinite(stats["loss_last"]) and np.isfinite(stats["dynamics_last"])
+
+
 def test_warm_start_of_every_stage_for_a_new_task(tmp_path, dataset_dir, run_dir):
     """--init-weights with stage 1 in the plan retrains every stage from CKPT (rope or pile on the
     push_t model's robot and camera): stage 1 starts where CKPT's ended, not from scratch."""
@@ -653,13 +706,13 @@ def test_config_errors_name_the_key(tmp_path):
             load_config(bad)
     for key, value in (("dynamics_jump_fraction", 1.5), ("self_forcing_fraction", -0.1), ("self_forcing_frames", -1),
                        ("self_forcing_min_frames", 3), ("motion_oversample", 0.5), ("motion_min_pixels", 0),
-                       ("dynamics_distance", "l3"), ("dynamics_jump_levels", "all")):
+                       ("dynamics_distance", "l3"), ("dynamics_jump_levels", "all"), ("object_loss_weight", -1.0)):
         bad.write_text(f"train:\n  {key}: {value}\n")
         with pytest.raises(ConfigError, match=key):
             load_config(bad)
     shipped = sorted((ROOT / "config/models").glob("*.yaml"))
     assert {p.stem for p in shipped} >= {"push_t", "push_t_mse", "push_t_jumps", "push_t_chain", "push_t_deep", "push_t_l1",
-                                          "push_t_sampled", "paper_128", "tiny"}
+                                          "push_t_sampled", "push_t_object", "paper_128", "tiny"}
     for path in shipped:
         load_config(path)
 

@@ -112,6 +112,7 @@ class TrainConfig:
     motion_oversample: float = 1.0   # stage 2: windows whose target frame moves the task's object are drawn this many times as often
     motion_task: str = "push_t"      # whose object mask says what moved (iws_reference_robot.perception.OBJECT_MASKS)
     motion_min_pixels: int = 6       # object-mask pixels (at the dataset's image size) that must change from the last history frame
+    object_loss_weight: float = 0.0  # stage 2: latent cells on the task's object (where it is in the target or was in the last history frame) weigh 1 + this in the dynamics loss
     stage3_latent_noise: float = 0.02
     joint_loss_weight: float = 1.0
     joint_latent_noise: float = 0.02  # the joint head must read predicted (imperfect) latents
@@ -138,6 +139,8 @@ class TrainConfig:
                 raise ConfigError(f"{where}.{key}: must be {' or '.join(map(repr, choices))}, got {getattr(self, key)!r}")
         if not self.motion_oversample >= 1:
             raise ConfigError(f"{where}.motion_oversample: must be >= 1 (1: off), got {self.motion_oversample!r}")
+        if not self.object_loss_weight >= 0:
+            raise ConfigError(f"{where}.object_loss_weight: must be >= 0 (0: off), got {self.object_loss_weight!r}")
         if self.motion_min_pixels < 1:
             raise ConfigError(f"{where}.motion_min_pixels: must be >= 1, got {self.motion_min_pixels!r}")
         if self.self_forcing_frames < 0:

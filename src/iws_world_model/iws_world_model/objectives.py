@@ -118,7 +118,10 @@ class StageObjective(nn.Module):
         per_sample = error.pow(2).flatten(1).mean(1)
         # l1: where a push has several outcomes the per-element median keeps the likelier one in each
         # cell instead of blending them; "dynamics" is logged as the squared error either way.
-        trained = per_sample if self.train_cfg.dynamics_distance == "l2" else error.abs().flatten(1).mean(1)
+        distance = error.pow(2) if self.train_cfg.dynamics_distance == "l2" else error.abs()
+        trained = distance.flatten(1).mean(1)
+        if self.train_cfg.object_loss_weight > 0:
+            trained = self._object_weighted(distance, batch)
         dynamics = trained.mean()
         joints = (joints - self.joint_mean) / self.joint_std
         noisy = normalize_latent(latents + self.train_cfg.joint_latent_noise * torch.randn_like(latents))
@@ -127,6 +130,19 @@ class StageObjective(nn.Module):
         one_jump = t[:, -1] == top
         return {"loss": dynamics + self.train_cfg.joint_loss_weight * joint,
                 "dynamics": (per_sample[one_jump] if one_jump.any() else per_sample).mean().detach(), "joint": joint.detach()}
+
+    def _object_weighted(self, distance: torch.Tensor, batch: dict) -> torch.Tensor:
+        """Per-sample weighted mean of ``distance`` (B, C, L, L): the latent cells the task's object
+        covers in the target or in the last history frame, grown by one cell, weigh
+        1 + ``object_loss_weight``. In push_t the T covers a few percent of the cells, so an
+        unweighted mean lets the dynamics blur its shape (a three-armed blob whose yaw the
+        estimator reads 120 degrees off) for the price of a rounding error."""
+        if "object_cells" not in batch:
+            raise KeyError("train.object_loss_weight > 0 needs the batch's object_cells (WindowData object_cells)")
+        cells = batch["object_cells"][:, -2:].any(1).float()[:, None]          # (B, 1, L, L)
+        cells = F.max_pool2d(cells, 3, stride=1, padding=1)
+        weight = 1 + self.train_cfg.object_loss_weight * cells
+        return (distance * weight).flatten(1).sum(1) / (weight.flatten(1).sum(1) * distance.shape[1])
 
     @torch.no_grad()
     def _self_forced(self, history: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:

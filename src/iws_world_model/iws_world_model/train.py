@@ -42,9 +42,11 @@ class WindowData(torch.utils.data.Dataset):
     """Windows of ``length`` consecutive frames of one episode; each frame carries the action that
     produced it (the previous frame's command; an episode's first frame carries its own)."""
 
-    def __init__(self, dataset: Dataset, length: int, split: str = "train", latents: torch.Tensor | None = None):
-        """``latents``: every frame already encoded (stage 2); windows then carry latents, not images."""
-        self.dataset, self.length, self.latents = dataset, length, latents
+    def __init__(self, dataset: Dataset, length: int, split: str = "train", latents: torch.Tensor | None = None,
+                 object_cells: torch.Tensor | None = None):
+        """``latents``: every frame already encoded (stage 2); windows then carry latents, not images.
+        ``object_cells``: every frame's object mask at latent resolution; windows then carry it too."""
+        self.dataset, self.length, self.latents, self.object_cells = dataset, length, latents, object_cells
         self.starts = dataset.windows(length, split)
         first = np.zeros(len(dataset), dtype=bool)
         first[[e.start for e in dataset.episodes]] = True
@@ -58,6 +60,8 @@ class WindowData(torch.utils.data.Dataset):
         d = self.dataset
         pixels = {"images": torch.from_numpy(np.array(d.images[frames]))} if self.latents is None else \
             {"latents": self.latents[frames]}
+        if self.object_cells is not None:
+            pixels["object_cells"] = self.object_cells[frames]
         return {**pixels,
                 "actions": torch.from_numpy(np.array(d.actions[self.producing_action[frames]])),
                 "joints": torch.from_numpy(np.array(d.joint_positions[frames]))}
@@ -92,22 +96,38 @@ def dataset_info(dataset: Dataset) -> dict:
             "profile": dataset.meta.get("profile")}
 
 
-def motion_weights(data: WindowData, cfg: TrainConfig, chunk: int = 4096, quiet: bool = False) -> np.ndarray:
+def object_mask_pass(images, task: str, latent_size: int | None = None, chunk: int = 4096,
+                     quiet: bool = False) -> tuple[np.ndarray, torch.Tensor | None]:
+    """One pass of the task's object mask over every frame: per frame, how many mask pixels changed
+    against the previous frame (chunks overlap by one frame; the change across an episode boundary
+    is never used), and with ``latent_size`` the mask pooled to the latent grid (a cell is the
+    object's if any of its pixels is), (N, L, L) bool."""
+    from iws_reference_robot.perception import OBJECT_MASKS  # no ROS; pulled in only when asked for
+    if task not in OBJECT_MASKS:
+        raise ConfigError(f"train.motion_task: no object mask for '{task}' (known: {sorted(OBJECT_MASKS)})")
+    object_mask = OBJECT_MASKS[task]
+    changed = np.zeros(len(images), dtype=np.int64)
+    cells = torch.zeros((len(images), latent_size, latent_size), dtype=torch.bool) if latent_size else None
+    for i in tqdm(range(0, len(images), chunk), desc="object masks", unit="chunk", disable=quiet,
+                  dynamic_ncols=True, file=sys.stderr):
+        first = max(i - 1, 0)
+        masks = object_mask(np.asarray(images[first:i + chunk]))
+        changed[first + 1:first + len(masks)] = (masks[1:] ^ masks[:-1]).reshape(len(masks) - 1, -1).sum(1)
+        if cells is not None:
+            own = torch.from_numpy(masks[i - first:]).float()[:, None]
+            cells[i:i + chunk] = torch.nn.functional.adaptive_max_pool2d(own, latent_size)[:, 0] > 0
+    return changed, cells
+
+
+def motion_weights(data: WindowData, cfg: TrainConfig, changed: np.ndarray | None = None,
+                   quiet: bool = False) -> np.ndarray:
     """A sampling weight per window: ``cfg.motion_oversample`` where the task's object changes at
     least ``motion_min_pixels`` mask pixels from the last history frame to the target (a push in
     contact, or the pusher passing over it), else 1. Contacts are a minority of the frames (about a
-    fifth in push_t) and where the open loop goes wrong (docs/architecture.md)."""
-    from iws_reference_robot.perception import OBJECT_MASKS  # no ROS; pulled in only when asked for
-    if cfg.motion_task not in OBJECT_MASKS:
-        raise ConfigError(f"train.motion_task: no object mask for '{cfg.motion_task}' (known: {sorted(OBJECT_MASKS)})")
-    object_mask, images = OBJECT_MASKS[cfg.motion_task], data.dataset.images
-    # Pixels changed against the previous frame, every frame masked once (chunks overlap by one
-    # frame). A target is never its episode's first frame, so the change across episodes is unused.
-    changed = np.zeros(len(images), dtype=np.int64)
-    for i in tqdm(range(1, len(images), chunk), desc="object motion", unit="chunk", disable=quiet,
-                  dynamic_ncols=True, file=sys.stderr):
-        masks = object_mask(np.asarray(images[i - 1:i + chunk]))
-        changed[i:i + chunk] = (masks[1:] ^ masks[:-1]).reshape(len(masks) - 1, -1).sum(1)
+    fifth in push_t) and where the open loop goes wrong (docs/architecture.md). ``changed``: the
+    per-frame counts of ``object_mask_pass``, if it already ran."""
+    if changed is None:
+        changed, _ = object_mask_pass(data.dataset.images, cfg.motion_task, quiet=quiet)
     target = np.asarray(data.starts) + data.length - 1
     return np.where(changed[target] >= cfg.motion_min_pixels, cfg.motion_oversample, 1.0)
 
@@ -224,11 +244,16 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids)
         length = StageObjective.window_length(self.model_cfg, self.train_cfg) if stage == 2 else 1
-        weights = None
-        if stage == 2 and self.train_cfg.motion_oversample > 1:  # before encoding: a bad task fails fast
-            weights = motion_weights(WindowData(self.dataset, length, "train"), self.train_cfg, quiet=self.rank != 0)
+        weights = object_cells = None
+        oversample, weigh_cells = self.train_cfg.motion_oversample > 1, self.train_cfg.object_loss_weight > 0
+        if stage == 2 and (oversample or weigh_cells):  # before encoding: a bad task fails fast
+            changed, object_cells = object_mask_pass(self.dataset.images, self.train_cfg.motion_task,
+                                                     self.model_cfg.latent_size if weigh_cells else None,
+                                                     quiet=self.rank != 0)
+            if oversample:
+                weights = motion_weights(WindowData(self.dataset, length, "train"), self.train_cfg, changed)
         latents = self.encode_dataset() if stage == 2 and self.train_cfg.cache_latents else None
-        data = WindowData(self.dataset, length, "train", latents)
+        data = WindowData(self.dataset, length, "train", latents, object_cells)
         if len(data) == 0:
             raise DatasetError(f"{self.dataset.root}: no training window of {length} frames for stage {stage}")
         if weights is not None and self.rank == 0:
