@@ -134,9 +134,9 @@ class StageObjective(nn.Module):
     def _object_weighted(self, distance: torch.Tensor, batch: dict) -> torch.Tensor:
         """Per-sample weighted mean of ``distance`` (B, C, L, L): the latent cells the task's object
         covers in the target or in the last history frame, grown by one cell, weigh
-        1 + ``object_loss_weight``. In push_t the T covers a few percent of the cells, so an
-        unweighted mean lets the dynamics blur its shape (a three-armed blob whose yaw the
-        estimator reads 120 degrees off) for the price of a rounding error."""
+        1 + ``object_loss_weight``. In push_t the T covers 4 % of the cells, a minority of the
+        terms of an unweighted mean, while its blurred shape in a rollout (a three-armed blob whose
+        yaw the estimator reads about 120 degrees off) is where the open loop fails."""
         if "object_cells" not in batch:
             raise KeyError("train.object_loss_weight > 0 needs the batch's object_cells (WindowData object_cells)")
         cells = batch["object_cells"][:, -2:].any(1).float()[:, None]          # (B, 1, L, L)
