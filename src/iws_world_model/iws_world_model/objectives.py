@@ -115,13 +115,15 @@ class StageObjective(nn.Module):
         v = self.network.dynamics(torch.cat([history, x_t[:, None]], 1), t, s, actions, last_only=True)[:, -1]
         prediction = v if cfg.dynamics_objective == "mse" else self.schedule.x0_from_v(x_t, t[:, -1], v)
         error = prediction - target
-        per_sample = error.pow(2).flatten(1).mean(1)
+        squared = error.pow(2)
+        per_sample = squared.flatten(1).mean(1)
         # l1: where a push has several outcomes the per-element median keeps the likelier one in each
         # cell instead of blending them; "dynamics" is logged as the squared error either way.
-        distance = error.pow(2) if self.train_cfg.dynamics_distance == "l2" else error.abs()
-        trained = distance.flatten(1).mean(1)
+        distance = squared if self.train_cfg.dynamics_distance == "l2" else error.abs()
         if self.train_cfg.object_loss_weight > 0:
             trained = self._object_weighted(distance, batch)
+        else:
+            trained = distance.flatten(1).mean(1)
         dynamics = trained.mean()
         joints = (joints - self.joint_mean) / self.joint_std
         noisy = normalize_latent(latents + self.train_cfg.joint_latent_noise * torch.randn_like(latents))
