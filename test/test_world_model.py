@@ -453,6 +453,49 @@ def test_object_loss_weight_weighs_the_cells_the_object_covers(tmp_path):
     assert np.isfinite(stats["loss_last"]) and np.isfinite(stats["dynamics_last"])
 
 
+def test_residual_dynamics_starts_as_a_copy_of_the_last_latent(tmp_path, dataset_dir, run_dir):
+    """dynamics_residual: the estimate of the next latent is the newest history latent plus the
+    network's output, in training, self-forcing and inference alike. The output conv starts at zero,
+    so an untrained residual dynamics copies the last latent where the plain one returns ~0."""
+    trained = WorldModel.load(run_dir)
+    cfg = trained.config
+    normalization = {"action_low": [0.0, 0.0], "action_high": [1.0, 1.0], "joint_mean": [0.5, 0.5], "joint_std": [0.2, 0.2]}
+    images, joints, actions, future = episode_start(dataset_dir, cfg.window)
+    latents = {}
+    for residual in (False, True):
+        network = WorldModelNetwork(dataclasses.replace(cfg, dynamics_residual=residual), joint_dim=2)
+        network.encoder.load_state_dict(trained.network.encoder.state_dict())
+        world = WorldModel(network, normalization, device="cpu")
+        world.reset(images, joints, actions, seed=0)
+        last = world.latent.clone()
+        world.step(future[0])
+        latents[residual] = (last, world.latent)
+    last, copied = latents[True]
+    assert (copied - last).abs().max().item() < 1e-2
+    assert (latents[False][1] - latents[False][0]).abs().max().item() > 0.1
+
+    # Training: at the start the residual's error is the change between frames, the plain one's the latent.
+    _, train_cfg = load_config(TINY)
+    data = train.WindowData(Dataset(dataset_dir), train.StageObjective.window_length(cfg, train_cfg))
+    batch = torch.utils.data.default_collate([data[i] for i in range(8)])
+    losses = {}
+    for residual in (False, True):
+        network = WorldModelNetwork(dataclasses.replace(cfg, dynamics_residual=residual), joint_dim=2)
+        network.encoder.load_state_dict(trained.network.encoder.state_dict())
+        torch.manual_seed(0)
+        losses[residual] = train.StageObjective(network, 2, train_cfg, normalization)(batch)["dynamics"].item()
+    assert losses[True] < 0.5 * losses[False], losses
+
+    config = tmp_path / "tiny_residual.yaml"  # through the trainer, into the checkpoint and back
+    config.write_text(TINY.read_text().replace("decode_steps: 1", "decode_steps: 1\n  dynamics_residual: true"))
+    out = tmp_path / "run"
+    assert train.main(["--config", str(config), "--data", str(dataset_dir), "--out", str(out), "--steps", "5",
+                       "--device", "cpu"]) == 0
+    world = WorldModel.load(out)
+    assert world.config.dynamics_residual
+    assert np.isfinite(rollout(world, dataset_dir, seed=0)[-1][1]).all()
+
+
 def test_warm_start_of_every_stage_for_a_new_task(tmp_path, dataset_dir, run_dir):
     """--init-weights with stage 1 in the plan retrains every stage from CKPT (rope or pile on the
     push_t model's robot and camera): stage 1 starts where CKPT's ended, not from scratch."""
@@ -710,7 +753,7 @@ def test_config_errors_name_the_key(tmp_path):
             load_config(bad)
     shipped = sorted((ROOT / "config/models").glob("*.yaml"))
     assert {p.stem for p in shipped} >= {"push_t", "push_t_mse", "push_t_jumps", "push_t_chain", "push_t_deep", "push_t_l1",
-                                          "push_t_sampled", "push_t_object", "paper_128", "tiny"}
+                                          "push_t_sampled", "push_t_object", "push_t_residual", "paper_128", "tiny"}
     for path in shipped:
         load_config(path)
 

@@ -31,6 +31,7 @@ class ModelConfig:
     dynamics_heads: int = 4
     dynamics_spatial_attention: bool = False  # one per-frame spatial attention after the last block
     dynamics_objective: str = "consistency"   # "consistency" or "mse" (the deterministic baseline)
+    dynamics_residual: bool = False         # the dynamics' estimate of the next latent is the last one plus a change
     window: int = 4                         # K: history frames the newest frame attends to
     embed_dim: int = 64                     # noise-level and action embedding width
     action_hidden: int = 128

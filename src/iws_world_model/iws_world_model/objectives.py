@@ -14,7 +14,7 @@ from torch import nn
 from .config import ModelConfig, TrainConfig
 from .consistency import Schedule, consistency_loss, intermediate_levels, noise_like, sample_jump_times, sample_uniform_times
 from .networks import WorldModelNetwork, normalize_latent
-from .world_model import images_to_tensor
+from .world_model import images_to_tensor, next_latent_estimate
 
 TRAINED = {1: ("encoder", "decoder"), 2: ("dynamics", "joint_head"), 3: ("decoder",)}
 
@@ -113,7 +113,7 @@ class StageObjective(nn.Module):
             t[:, -1] = top
             s = torch.zeros_like(t)
         v = self.network.dynamics(torch.cat([history, x_t[:, None]], 1), t, s, actions, last_only=True)[:, -1]
-        prediction = v if cfg.dynamics_objective == "mse" else self.schedule.x0_from_v(x_t, t[:, -1], v)
+        prediction = next_latent_estimate(cfg, self.schedule, x_t, t[:, -1], v, history[:, -1])
         error = prediction - target
         squared = error.pow(2)
         per_sample = squared.flatten(1).mean(1)
@@ -181,7 +181,7 @@ class StageObjective(nn.Module):
             context = torch.cat([own[:, j - unseen:j], noise[:, None]], 1)
             v = self.network.dynamics(context, t, s, actions[:share, j - unseen:j + 1], cache=cache, commit=unseen,
                                       last_only=True)[:, -1]
-            own[:, j] = normalize_latent(self.schedule.x0_from_v(noise, t[:, -1], v))
+            own[:, j] = normalize_latent(next_latent_estimate(cfg, self.schedule, noise, t[:, -1], v, own[:, j - 1]))
             unseen = 1
         return torch.cat([own, history[share:]])[:, -k:]
 

@@ -51,6 +51,17 @@ def upscale(image: np.ndarray, height: int, width: int | None = None) -> np.ndar
     return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).reshape(*lead, height, width or height, 3).numpy()
 
 
+def next_latent_estimate(config: ModelConfig, schedule: Schedule, x_t: torch.Tensor | None, t: torch.Tensor | None,
+                         v: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """The dynamics' estimate of the clean next latent from its output ``v``: x0 from v at level t (or
+    v itself for the deterministic baseline), plus the newest history latent ``last`` where the config
+    has ``dynamics_residual``. With it the network says only what changes: cells nothing touches
+    start as an exact copy instead of being redrawn from attention over the history each step.
+    Training, self-forcing and inference all go through here."""
+    x0 = v if config.dynamics_objective == "mse" else schedule.x0_from_v(x_t, t, v)
+    return x0 + last if config.dynamics_residual else x0
+
+
 class WorldModel:
     def __init__(self, network: WorldModelNetwork, normalization: dict, meta: dict | None = None,
                  device: str | torch.device = "cpu", decode_steps: int | None = None, streaming: bool | None = None,
@@ -163,16 +174,18 @@ class WorldModel:
     def _labels(self, n: int, frames: int, level: int) -> torch.Tensor:
         return torch.full((n, frames), level, dtype=torch.long, device=self.device)
 
-    def _predict(self, frames: torch.Tensor, actions: torch.Tensor, t: torch.Tensor, commit: int) -> torch.Tensor:
+    def _predict(self, frames: torch.Tensor, actions: torch.Tensor, t: torch.Tensor, commit: int,
+                 last: torch.Tensor) -> torch.Tensor:
         """Run the dynamics on ``frames`` whose last one is the target (pure noise at t = T-1); returns
-        the new latent (N, L, h, w). With ``dynamics_steps`` > 1 each answer is re-noised to the next
+        the new latent (N, L, h, w); ``last`` is the newest history latent (the residual's base). With ``dynamics_steps`` > 1 each answer is re-noised to the next
         level of ``decode_times`` (a DDIM step) and the target asked again; the first call commits
         ``commit`` frames to the cache, later ones re-run the target frame alone against it."""
         s = t.clone()
         s[:, -1] = 0
         cache = self._cache if self.streaming else None
         if self.config.dynamics_objective == "mse":
-            return normalize_latent(self.network.dynamics(frames, t, s, actions, cache, commit)[:, -1])
+            v = self.network.dynamics(frames, t, s, actions, cache, commit)[:, -1]
+            return normalize_latent(next_latent_estimate(self.config, self.schedule, None, None, v, last))
         times = decode_times(self.dynamics_steps, self.config.timesteps)
         x = frames[:, -1]
         for k, (level, following) in enumerate(zip(times, times[1:])):
@@ -183,7 +196,7 @@ class WorldModel:
                     frames, t = torch.cat([frames[:, :-1], x[:, None]], 1), t.clone()
                 t[:, -1] = level
             v = self.network.dynamics(frames, t, s, actions, cache, commit)[:, -1]
-            x0_hat = self.schedule.x0_from_v(x, t[:, -1], v)
+            x0_hat = next_latent_estimate(self.config, self.schedule, x, t[:, -1], v, last)
             x = x0_hat if following == 0 else self.schedule.renoise(x, t[:, -1], torch.full_like(t[:, -1], following), x0_hat)
         return normalize_latent(x)
 
@@ -250,13 +263,13 @@ class WorldModel:
                 actions = torch.stack([self._pending_action, a], 1)
                 t = torch.cat([self._labels(n, 1, hist), self._labels(n, 1, top)], 1)
                 commit = 1
-            latent = self._predict(frames, actions, t, commit)
+            latent = self._predict(frames, actions, t, commit, self.latent)
             self._pending, self._pending_action = latent, a
         else:
             frames = torch.cat([self._history, target], 1)
             actions = torch.cat([self._history_actions, a[:, None]], 1)
             t = torch.cat([self._labels(n, frames.shape[1] - 1, hist), self._labels(n, 1, top)], 1)
-            latent = self._predict(frames, actions, t, 0)
+            latent = self._predict(frames, actions, t, 0, self.latent)
             window = self.config.window
             self._history = torch.cat([self._history, latent[:, None]], 1)[:, -window:]
             self._history_actions = torch.cat([self._history_actions, a[:, None]], 1)[:, -window:]
