@@ -83,6 +83,10 @@ class StageObjective(nn.Module):
             history = self._self_forced(latents[:, :-1], actions)
         else:
             history = latents[:, -cfg.window - 1:-1]
+        # The residual's base is the newest history frame before the history noise: the model's own
+        # prediction where self-forced (so the change learnt corrects its errors), else the real frame.
+        # A noised base would have the network reproduce that noise through attention to cancel it.
+        base = history[:, -1]
         # The trained step: K history frames and the target, whatever the window length.
         latents, actions, joints = (x[:, -cfg.window - 1:] for x in (latents, actions, joints))
         target = latents[:, -1]
@@ -113,7 +117,7 @@ class StageObjective(nn.Module):
             t[:, -1] = top
             s = torch.zeros_like(t)
         v = self.network.dynamics(torch.cat([history, x_t[:, None]], 1), t, s, actions, last_only=True)[:, -1]
-        prediction = next_latent_estimate(cfg, self.schedule, x_t, t[:, -1], v, history[:, -1])
+        prediction = next_latent_estimate(cfg, self.schedule, x_t, t[:, -1], v, base)
         error = prediction - target
         squared = error.pow(2)
         per_sample = squared.flatten(1).mean(1)
