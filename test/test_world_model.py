@@ -453,46 +453,42 @@ def test_object_loss_weight_weighs_the_cells_the_object_covers(tmp_path):
     assert np.isfinite(stats["loss_last"]) and np.isfinite(stats["dynamics_last"])
 
 
-def test_residual_dynamics_starts_as_a_copy_of_the_last_latent(tmp_path, dataset_dir, run_dir):
-    """dynamics_residual: the estimate of the next latent is the newest history latent plus the
-    network's output, in training, self-forcing and inference alike. The output conv starts at zero,
-    so an untrained residual dynamics copies the last latent where the plain one returns ~0."""
+@pytest.mark.parametrize("skip", ["last", "gated"])
+def test_dynamics_skip_starts_as_a_copy_of_the_last_latent(tmp_path, dataset_dir, run_dir, skip):
+    """dynamics_skip: the estimate of the next latent is the newest history latent (times a gate for
+    "gated") plus the network's output, in training, self-forcing and inference alike. The output
+    conv starts at zero (the gate half open), so an untrained dynamics with the skip copies the last
+    latent (after the per-cell normalisation) where the plain one returns ~0."""
     trained = WorldModel.load(run_dir)
     cfg = trained.config
     normalization = {"action_low": [0.0, 0.0], "action_high": [1.0, 1.0], "joint_mean": [0.5, 0.5], "joint_std": [0.2, 0.2]}
     images, joints, actions, future = episode_start(dataset_dir, cfg.window)
-    latents = {}
-    for residual in (False, True):
-        network = WorldModelNetwork(dataclasses.replace(cfg, dynamics_residual=residual), joint_dim=2)
+    _, train_cfg = load_config(TINY)
+    data = train.WindowData(Dataset(dataset_dir), train.StageObjective.window_length(cfg, train_cfg))
+    batch = torch.utils.data.default_collate([data[i] for i in range(8)])
+    latents, losses = {}, {}
+    for variant in ("none", skip):
+        network = WorldModelNetwork(dataclasses.replace(cfg, dynamics_skip=variant), joint_dim=2)
         network.encoder.load_state_dict(trained.network.encoder.state_dict())
+        torch.manual_seed(0)  # training: at the start the skip's error is the change, the plain one's the latent
+        losses[variant] = train.StageObjective(network, 2, train_cfg, normalization)(batch)["dynamics"].item()
         world = WorldModel(network, normalization, device="cpu")
         world.reset(images, joints, actions, seed=0)
         last = world.latent.clone()
         world.step(future[0])
-        latents[residual] = (last, world.latent)
-    last, copied = latents[True]
+        latents[variant] = (last, world.latent)
+    last, copied = latents[skip]
     assert (copied - last).abs().max().item() < 1e-2
-    assert (latents[False][1] - latents[False][0]).abs().max().item() > 0.1
+    assert (latents["none"][1] - latents["none"][0]).abs().max().item() > 0.1
+    assert losses[skip] < 0.5 * losses["none"], losses
 
-    # Training: at the start the residual's error is the change between frames, the plain one's the latent.
-    _, train_cfg = load_config(TINY)
-    data = train.WindowData(Dataset(dataset_dir), train.StageObjective.window_length(cfg, train_cfg))
-    batch = torch.utils.data.default_collate([data[i] for i in range(8)])
-    losses = {}
-    for residual in (False, True):
-        network = WorldModelNetwork(dataclasses.replace(cfg, dynamics_residual=residual), joint_dim=2)
-        network.encoder.load_state_dict(trained.network.encoder.state_dict())
-        torch.manual_seed(0)
-        losses[residual] = train.StageObjective(network, 2, train_cfg, normalization)(batch)["dynamics"].item()
-    assert losses[True] < 0.5 * losses[False], losses
-
-    config = tmp_path / "tiny_residual.yaml"  # through the trainer, into the checkpoint and back
-    config.write_text(TINY.read_text().replace("decode_steps: 1", "decode_steps: 1\n  dynamics_residual: true"))
+    config = tmp_path / f"tiny_{skip}.yaml"  # through the trainer, into the checkpoint and back
+    config.write_text(TINY.read_text().replace("decode_steps: 1", f"decode_steps: 1\n  dynamics_skip: {skip}"))
     out = tmp_path / "run"
     assert train.main(["--config", str(config), "--data", str(dataset_dir), "--out", str(out), "--steps", "5",
                        "--device", "cpu"]) == 0
     world = WorldModel.load(out)
-    assert world.config.dynamics_residual
+    assert world.config.dynamics_skip == skip
     assert np.isfinite(rollout(world, dataset_dir, seed=0)[-1][1]).all()
 
 
@@ -741,6 +737,9 @@ def test_config_errors_name_the_key(tmp_path):
     bad.write_text("model:\n  decode_steps: 5\n")
     with pytest.raises(ConfigError, match="decode_steps"):
         load_config(bad)
+    bad.write_text("model:\n  dynamics_skip: residual\n")
+    with pytest.raises(ConfigError, match="dynamics_skip"):
+        load_config(bad)
     for text in ("model:\n  dynamics_steps: 4\n", "model:\n  dynamics_objective: mse\n  dynamics_steps: 2\n"):
         bad.write_text(text)
         with pytest.raises(ConfigError, match="dynamics_steps"):
@@ -753,7 +752,7 @@ def test_config_errors_name_the_key(tmp_path):
             load_config(bad)
     shipped = sorted((ROOT / "config/models").glob("*.yaml"))
     assert {p.stem for p in shipped} >= {"push_t", "push_t_mse", "push_t_jumps", "push_t_chain", "push_t_deep", "push_t_l1",
-                                          "push_t_sampled", "push_t_object", "push_t_residual", "paper_128", "tiny"}
+                                          "push_t_sampled", "push_t_object", "push_t_residual", "push_t_gated", "paper_128", "tiny"}
     for path in shipped:
         load_config(path)
 

@@ -31,7 +31,7 @@ class ModelConfig:
     dynamics_heads: int = 4
     dynamics_spatial_attention: bool = False  # one per-frame spatial attention after the last block
     dynamics_objective: str = "consistency"   # "consistency" or "mse" (the deterministic baseline)
-    dynamics_residual: bool = False         # the dynamics' estimate of the next latent is the last one plus a change
+    dynamics_skip: str = "none"             # "last": next latent = newest history latent + output; "gated": + a per-cell gate on it
     window: int = 4                         # K: history frames the newest frame attends to
     embed_dim: int = 64                     # noise-level and action embedding width
     action_hidden: int = 128
@@ -76,6 +76,8 @@ class ModelConfig:
             bad("dynamics_steps", f"must be 1, 2 or 3, got {self.dynamics_steps!r}")
         if self.dynamics_objective not in ("consistency", "mse"):
             bad("dynamics_objective", f"must be 'consistency' or 'mse', got {self.dynamics_objective!r}")
+        if self.dynamics_skip not in ("none", "last", "gated"):
+            bad("dynamics_skip", f"must be 'none', 'last' or 'gated', got {self.dynamics_skip!r}")
         if self.dynamics_objective == "mse" and self.dynamics_steps != 1:
             bad("dynamics_steps", "the deterministic (mse) dynamics predicts in one call; dynamics_steps must be 1")
         if self.timesteps != 1000:

@@ -257,7 +257,9 @@ class Dynamics(nn.Module):
             cin = w
         self.spatial = SpatialAttention(cin, cfg.dynamics_heads) if cfg.dynamics_spatial_attention else None
         self.out_norm = group_norm(cin + widths[0])
-        self.out = zero_init(conv3(cin + widths[0], lat))
+        # dynamics_skip "gated": one more output channel, the logit of the gate on the newest history
+        # latent (world_model.next_latent_estimate); zero-initialised, the gate starts half open.
+        self.out = zero_init(conv3(cin + widths[0], lat + (cfg.dynamics_skip == "gated")))
 
     def new_cache(self) -> list[dict]:
         return [{} for _ in self.attention]

@@ -52,14 +52,21 @@ def upscale(image: np.ndarray, height: int, width: int | None = None) -> np.ndar
 
 
 def next_latent_estimate(config: ModelConfig, schedule: Schedule, x_t: torch.Tensor | None, t: torch.Tensor | None,
-                         v: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-    """The dynamics' estimate of the clean next latent from its output ``v``: x0 from v at level t (or
-    v itself for the deterministic baseline), plus the newest history latent ``last`` where the config
-    has ``dynamics_residual``. With it the network says only what changes: cells nothing touches
-    start as an exact copy instead of being redrawn from attention over the history each step.
+                         output: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """The dynamics' estimate of the clean next latent from its ``output``: x0 from v at level t (or
+    the output itself for the deterministic baseline), plus, by ``dynamics_skip``, the newest history
+    latent ``last`` ("last") or ``last`` times a per-cell gate in (0, 1) that the network's extra
+    output channel sets ("gated"). With a skip the network need not redraw what nothing touches: an
+    untouched cell can stay an exact copy instead of being rebuilt from attention over the history
+    each step; the gate lets it redraw where the copy is wrong (the arm, which follows the command).
     Training, self-forcing and inference all go through here."""
-    x0 = v if config.dynamics_objective == "mse" else schedule.x0_from_v(x_t, t, v)
-    return x0 + last if config.dynamics_residual else x0
+    gate = None
+    if config.dynamics_skip == "gated":
+        output, gate = output[:, :-1], torch.sigmoid(output[:, -1:])
+    x0 = output if config.dynamics_objective == "mse" else schedule.x0_from_v(x_t, t, output)
+    if config.dynamics_skip == "none":
+        return x0
+    return x0 + (last if gate is None else gate * last)
 
 
 class WorldModel:
