@@ -83,7 +83,7 @@ class StageObjective(nn.Module):
             history = self._self_forced(latents[:, :-1], actions)
         else:
             history = latents[:, -cfg.window - 1:-1]
-        # The residual's base is the newest history frame before the history noise: the model's own
+        # dynamics_skip's base is the newest history frame before the history noise: the model's own
         # prediction where self-forced (so the change learnt corrects its errors), else the real frame.
         # A noised base would have the network reproduce that noise through attention to cancel it.
         base = history[:, -1]

@@ -184,9 +184,10 @@ class WorldModel:
     def _predict(self, frames: torch.Tensor, actions: torch.Tensor, t: torch.Tensor, commit: int,
                  last: torch.Tensor) -> torch.Tensor:
         """Run the dynamics on ``frames`` whose last one is the target (pure noise at t = T-1); returns
-        the new latent (N, L, h, w); ``last`` is the newest history latent (the residual's base). With ``dynamics_steps`` > 1 each answer is re-noised to the next
-        level of ``decode_times`` (a DDIM step) and the target asked again; the first call commits
-        ``commit`` frames to the cache, later ones re-run the target frame alone against it."""
+        the new latent (N, L, h, w); ``last`` is the newest history latent (``dynamics_skip``'s base).
+        With ``dynamics_steps`` > 1 each answer is re-noised to the next level of ``decode_times`` (a
+        DDIM step) and the target asked again; the first call commits ``commit`` frames to the cache,
+        later ones re-run the target frame alone against it."""
         s = t.clone()
         s[:, -1] = 0
         cache = self._cache if self.streaming else None
