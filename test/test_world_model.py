@@ -482,6 +482,15 @@ def test_dynamics_skip_starts_as_a_copy_of_the_last_latent(tmp_path, dataset_dir
     assert (latents["none"][1] - latents["none"][0]).abs().max().item() > 0.1
     assert losses[skip] < 0.5 * losses["none"], losses
 
+    # Self-forcing chains through the skip too: each own prediction of the untrained network copies the
+    # one before, so a chain of 2 from real frame 1 repeats it; the frames before the chain stay real.
+    chained = dataclasses.replace(train_cfg, self_forcing_fraction=1.0, self_forcing_frames=2)
+    history = normalize_latent(torch.randn(3, cfg.window, cfg.latent_channels, cfg.latent_size, cfg.latent_size))
+    own = train.StageObjective(network, 2, chained, normalization)._self_forced(history, torch.rand(3, cfg.window, 2) * 2 - 1)
+    torch.testing.assert_close(own[:, :-2], history[:, :-2])
+    for j in (-2, -1):
+        assert (own[:, j] - history[:, -3]).abs().max().item() < 1e-2
+
     config = tmp_path / f"tiny_{skip}.yaml"  # through the trainer, into the checkpoint and back
     config.write_text(TINY.read_text().replace("decode_steps: 1", f"decode_steps: 1\n  dynamics_skip: {skip}"))
     out = tmp_path / "run"
