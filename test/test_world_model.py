@@ -26,6 +26,10 @@ TINY = ROOT / "config/models/tiny.yaml"
 CAMERA = 48  # camera resolution of the synthetic dataset; the tiny model runs at 32
 
 
+# Normalisation ranges for hand-built two-joint objectives and worlds (no dataset behind them).
+TWO_JOINT_NORMALIZATION = {"action_low": [0.0, 0.0], "action_high": [1.0, 1.0], "joint_mean": [0.5, 0.5], "joint_std": [0.2, 0.2]}
+
+
 def make_dataset(root: Path, episodes: int = 4, length: int = 24, seed: int = 0, block_moves: tuple[int, ...] = ()) -> Path:
     """A red square on a dark table; the action is the square's target position, reached 70% per step.
     With ``block_moves``, a blue block (push_t's T colour) also sits in a corner and shifts 3 px right
@@ -345,8 +349,7 @@ def test_multistep_dynamics_trains_the_jumps_it_rolls_out_with(tmp_path, dataset
                         .replace("checkpoint_every: 20", "checkpoint_every: 20\n  dynamics_jump_fraction: 0.5"))
     model_cfg, train_cfg = load_config(cfg_path)
     network = WorldModelNetwork(model_cfg, joint_dim=2)
-    normalization = {"action_low": [0.0, 0.0], "action_high": [1.0, 1.0], "joint_mean": [0.5, 0.5], "joint_std": [0.2, 0.2]}
-    objective = train.StageObjective(network, 2, train_cfg, normalization)
+    objective = train.StageObjective(network, 2, train_cfg, TWO_JOINT_NORMALIZATION)
     seen = []
     real_dynamics = network.dynamics.forward
     network.dynamics.forward = lambda x, t, s, *a, **k: seen.append((t[:, -1].clone(), s[:, -1].clone())) or real_dynamics(x, t, s, *a, **k)
@@ -358,7 +361,7 @@ def test_multistep_dynamics_trains_the_jumps_it_rolls_out_with(tmp_path, dataset
     assert set(t[8:].tolist()) <= {333, 499, 666} and len(set(t[8:].tolist())) > 1
     # dynamics_jump_levels: uniform draws that share's levels from 1..998 (a denoiser at every level)
     seen.clear()
-    uniform = train.StageObjective(network, 2, dataclasses.replace(train_cfg, dynamics_jump_levels="uniform"), normalization)
+    uniform = train.StageObjective(network, 2, dataclasses.replace(train_cfg, dynamics_jump_levels="uniform"), TWO_JOINT_NORMALIZATION)
     uniform(torch.utils.data.default_collate([data[i] for i in range(16)]))
     (t, s), = seen
     assert t[:8].tolist() == [999] * 8 and s.tolist() == [0] * 16
@@ -387,12 +390,11 @@ def test_l1_dynamics_distance_trains_the_median_and_logs_the_squared_error(datas
     logged "dynamics" stays the squared error, so runs of either distance compare."""
     model_cfg, train_cfg = load_config(TINY)
     network = WorldModelNetwork(model_cfg, joint_dim=2)
-    normalization = {"action_low": [0.0, 0.0], "action_high": [1.0, 1.0], "joint_mean": [0.5, 0.5], "joint_std": [0.2, 0.2]}
     data = train.WindowData(Dataset(dataset_dir), train.StageObjective.window_length(model_cfg, train_cfg))
     batch = torch.utils.data.default_collate([data[i] for i in range(8)])
     out = {}
     for distance in ("l2", "l1"):
-        objective = train.StageObjective(network, 2, dataclasses.replace(train_cfg, dynamics_distance=distance), normalization)
+        objective = train.StageObjective(network, 2, dataclasses.replace(train_cfg, dynamics_distance=distance), TWO_JOINT_NORMALIZATION)
         torch.manual_seed(0)
         out[distance] = {k: v.item() for k, v in objective(batch).items()}
     assert out["l1"]["dynamics"] == pytest.approx(out["l2"]["dynamics"]) and out["l1"]["joint"] == pytest.approx(out["l2"]["joint"])
@@ -420,8 +422,7 @@ def test_object_loss_weight_weighs_the_cells_the_object_covers(tmp_path):
 
     model_cfg, train_cfg = load_config(TINY)
     network = WorldModelNetwork(model_cfg, joint_dim=2)
-    normalization = {"action_low": [0.0, 0.0], "action_high": [1.0, 1.0], "joint_mean": [0.5, 0.5], "joint_std": [0.2, 0.2]}
-    weighted = train.StageObjective(network, 2, dataclasses.replace(train_cfg, object_loss_weight=8.0), normalization)
+    weighted = train.StageObjective(network, 2, dataclasses.replace(train_cfg, object_loss_weight=8.0), TWO_JOINT_NORMALIZATION)
     on, off = torch.zeros(1, 4, 8, 8), torch.zeros(1, 4, 8, 8)
     on[..., 3, 3], off[..., 0, 7] = 1.0, 1.0
     total = 9 * 9 + 55  # the object's cell grown to 3x3 weighs 9, the other 55 cells 1
@@ -437,7 +438,7 @@ def test_object_loss_weight_weighs_the_cells_the_object_covers(tmp_path):
     data = train.WindowData(dataset, train.StageObjective.window_length(model_cfg, train_cfg), object_cells=cells)
     batch = torch.utils.data.default_collate([data[i] for i in range(8)])
     assert batch["object_cells"].shape == (8, data.length, 8, 8)
-    plain = train.StageObjective(network, 2, train_cfg, normalization)
+    plain = train.StageObjective(network, 2, train_cfg, TWO_JOINT_NORMALIZATION)
     terms = {}
     for name, objective in (("plain", plain), ("weighted", weighted)):
         torch.manual_seed(0)
@@ -461,18 +462,17 @@ def test_dynamics_skip_starts_as_a_copy_of_the_last_latent(tmp_path, dataset_dir
     latent (after the per-cell normalisation) where the plain one returns ~0."""
     trained = WorldModel.load(run_dir)
     cfg = trained.config
-    normalization = {"action_low": [0.0, 0.0], "action_high": [1.0, 1.0], "joint_mean": [0.5, 0.5], "joint_std": [0.2, 0.2]}
     images, joints, actions, future = episode_start(dataset_dir, cfg.window)
     _, train_cfg = load_config(TINY)
     data = train.WindowData(Dataset(dataset_dir), train.StageObjective.window_length(cfg, train_cfg))
     batch = torch.utils.data.default_collate([data[i] for i in range(8)])
-    latents, losses = {}, {}
+    latents, losses, networks = {}, {}, {}
     for variant in ("none", skip):
-        network = WorldModelNetwork(dataclasses.replace(cfg, dynamics_skip=variant), joint_dim=2)
+        network = networks[variant] = WorldModelNetwork(dataclasses.replace(cfg, dynamics_skip=variant), joint_dim=2)
         network.encoder.load_state_dict(trained.network.encoder.state_dict())
         torch.manual_seed(0)  # training: at the start the skip's error is the change, the plain one's the latent
-        losses[variant] = train.StageObjective(network, 2, train_cfg, normalization)(batch)["dynamics"].item()
-        world = WorldModel(network, normalization, device="cpu")
+        losses[variant] = train.StageObjective(network, 2, train_cfg, TWO_JOINT_NORMALIZATION)(batch)["dynamics"].item()
+        world = WorldModel(network, TWO_JOINT_NORMALIZATION, device="cpu")
         world.reset(images, joints, actions, seed=0)
         last = world.latent.clone()
         world.step(future[0])
@@ -486,7 +486,7 @@ def test_dynamics_skip_starts_as_a_copy_of_the_last_latent(tmp_path, dataset_dir
     # one before, so a chain of 2 from real frame 1 repeats it; the frames before the chain stay real.
     chained = dataclasses.replace(train_cfg, self_forcing_fraction=1.0, self_forcing_frames=2)
     history = normalize_latent(torch.randn(3, cfg.window, cfg.latent_channels, cfg.latent_size, cfg.latent_size))
-    own = train.StageObjective(network, 2, chained, normalization)._self_forced(history, torch.rand(3, cfg.window, 2) * 2 - 1)
+    own = train.StageObjective(networks[skip], 2, chained, TWO_JOINT_NORMALIZATION)._self_forced(history, torch.rand(3, cfg.window, 2) * 2 - 1)
     torch.testing.assert_close(own[:, :-2], history[:, :-2])
     for j in (-2, -1):
         assert (own[:, j] - history[:, -3]).abs().max().item() < 1e-2
