@@ -13,7 +13,7 @@ from iws_common.profile import load_profile  # noqa: E402
 from iws_reference_robot import scene  # noqa: E402
 from iws_reference_robot.experts import EXPERTS, PushTExpert, make_expert  # noqa: E402
 from iws_reference_robot.sim import ReferenceSim  # noqa: E402
-from iws_reference_robot.tasks import TaskState  # noqa: E402
+from iws_reference_robot.tasks import TaskState, t_pose_gaps  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +106,19 @@ def test_push_t_score(push_sim):
     assert task.overlap(goal + [0.3, 0.0, 0.0], goal) == pytest.approx(0.0, abs=1e-6)
     task.block.set(push_sim.data, goal)
     assert push_sim.task_state().score >= 0.99 and push_sim.task_state().success
+
+
+def test_t_pose_gaps_measure_how_far_the_t_area_moved(push_sim):
+    """ADD and overlap over arrays of poses, as the open-loop report uses them."""
+    task = push_sim.task
+    goal = np.array(task.GOAL)
+    poses = np.stack([goal, goal + [0.01, 0.0, 0.0], goal + [0.0, 0.0, math.pi], [np.nan, 0.0, 0.0]])
+    displacement, overlap = t_pose_gaps(poses[None], goal)  # broadcast over a leading episode axis
+    assert displacement.shape == overlap.shape == (1, 4)
+    assert displacement[0, :2] == pytest.approx([0.0, 0.01])  # a slide moves every point alike
+    assert displacement[0, 2] > 0.07  # a flip moves the area twice the T's mean radius
+    assert overlap[0, 0] == 1.0 and overlap[0, 1] == pytest.approx(task.overlap(poses[1], goal))
+    assert np.isnan(displacement[0, 3]) and np.isnan(overlap[0, 3])
 
 
 def test_push_t_expert_improves_score(profile):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -9,11 +10,13 @@ import numpy as np
 import pytest
 
 from iws_data.dataset import Dataset, DatasetWriter
+from iws_reference_robot.tasks import T_BOXES, T_RASTER_STEP, PushT, _raster_boxes
 from iws_world_model import evaluate, metrics
 from iws_world_model.world_model import WorldModel
 
 PER_STEP = {"psnr", "ssim", "joint_mae_rad", "t_found_rate", "t_position_error_mm", "t_yaw_error_deg",
-            "t_yaw_flip_rate"}
+            "t_yaw_flip_rate", "t_displacement_mm", "t_overlap"}
+T_MEAN_RADIUS_MM = 1000.0 * float(np.linalg.norm(_raster_boxes(T_BOXES, T_RASTER_STEP), axis=1).mean())
 
 
 @pytest.fixture(scope="module")
@@ -182,13 +185,17 @@ def test_real_frames_as_prediction_score_perfectly(tiny_world_model, dataset_dir
     assert s["joint_mae_rad"] == 0.0
     assert s["t_found_rate"] == 1.0 and s["t_position_error_mm"] == 0.0 and s["t_yaw_error_deg"] == 0.0
     assert s["t_yaw_error_deg_median"] == 0.0 and result["per_episode"]["t_yaw_error_deg"].tolist() == [0.0]
-    assert s["t_yaw_flip_rate"] == 0.0
+    assert s["t_yaw_flip_rate"] == 0.0 and s["t_displacement_mm"] == 0.0 and s["t_overlap"] == pytest.approx(1.0, abs=0.02)
     json.dumps(metrics.jsonable(result))  # capped, so valid JSON
     # a T read as its orientation 120 deg away counts as a flip; one 30 deg off does not
     for turn, flips in ((120.0, 1.0), (30.0, 0.0)):
         turned = (real[0], real[1] + np.array([0.0, 0.0, np.radians(turn)]))
         s = evaluate.score_open_loop(cut.real_images, cut.real_joints, cut, real, turned)["summary"]
         assert s["t_yaw_error_deg"] == pytest.approx(turn) and s["t_yaw_flip_rate"] == flips
+        # a turn moves the T's area by 2 sin(turn / 2) times its mean distance from the centre of mass
+        assert s["t_displacement_mm"] == pytest.approx(2 * math.sin(math.radians(turn) / 2) * T_MEAN_RADIUS_MM, rel=0.02)
+        # and its overlap is the push_t score of the turned T on the untouched one (0.48 at 30 deg, 0.67 at 120)
+        assert s["t_overlap"] == pytest.approx(PushT().overlap([0.0, 0.0, math.radians(turn)], [0.0, 0.0, 0.0]))
     # the yaw error split by whether the real T has moved since the context: here the real T "moved"
     # 30 deg from step 2 on, and the prediction turns it 120 deg in steps 0-1 only (an invented turn)
     assert cut.valid.all() and real[0].all()

@@ -140,6 +140,33 @@ def inside_boxes(points: np.ndarray, boxes: np.ndarray, margin: float = 0.0) -> 
     return np.any(np.all(d <= 0, axis=-1), axis=1)
 
 
+def t_pose_gaps(poses: np.ndarray, references: np.ndarray, chunk: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    """How far apart T poses (..., 3) are from reference poses as the task sees them, in one
+    figure each: the mean displacement (m) of the T's area between the two poses (ADD, the usual
+    rigid-pose error: a turn counts by how far it moves the T's material, so position and yaw add
+    up), and the push_t overlap of the T at ``poses`` with the T at ``references`` (``PushT.overlap``,
+    the task's own success measure). NaN where either pose is."""
+    poses, references = np.broadcast_arrays(np.asarray(poses, np.float64), np.asarray(references, np.float64))
+    shape = poses.shape[:-1]
+    a, b = poses.reshape(-1, 3), references.reshape(-1, 3)
+    ok = np.isfinite(a).all(1) & np.isfinite(b).all(1)
+    displacement, overlap = np.full(len(a), np.nan), np.full(len(a), np.nan)
+    points = _raster_boxes(T_BOXES, T_RASTER_STEP)
+    rows = np.flatnonzero(ok)
+    for start in range(0, len(rows), chunk):
+        idx = rows[start:start + chunk]
+        world = [np.einsum("mk,fjk->fmj", points, np.stack(
+            [np.stack([np.cos(p[:, 2]), -np.sin(p[:, 2])], -1), np.stack([np.sin(p[:, 2]), np.cos(p[:, 2])], -1)], 1))
+            + p[:, None, :2] for p in (a[idx], b[idx])]
+        displacement[idx] = np.linalg.norm(world[0] - world[1], axis=-1).mean(1)
+        offset = world[0] - b[idx, None, :2]  # the first T's area in the reference T's frame
+        c, s = np.cos(b[idx, 2])[:, None], np.sin(b[idx, 2])[:, None]
+        local = np.stack([c * offset[..., 0] + s * offset[..., 1], -s * offset[..., 0] + c * offset[..., 1]], -1)
+        gap = np.abs(local[:, :, None, :] - T_BOXES[None, None, :, :2]) - T_BOXES[None, None, :, 2:]
+        overlap[idx] = np.any(np.all(gap <= 0, axis=-1), axis=-1).mean(1)
+    return displacement.reshape(shape), overlap.reshape(shape)
+
+
 def distance_to_boxes(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     """Distance from local-frame points to the union of boxes (0 inside)."""
     d = np.abs(points[:, None, :] - boxes[None, :, :2]) - boxes[None, :, 2:]

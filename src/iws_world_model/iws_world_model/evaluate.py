@@ -322,6 +322,12 @@ def score_open_loop(pred_images: np.ndarray, pred_joints: np.ndarray, data: Open
         # A smeared T is misread as one of its other orientations (about 90, 120 or 180 deg off), not as
         # a T a little rotated: the share of frames past FLIP_DEG says how much of the mean is such flips.
         frames["t_yaw_flip_rate"] = ((yaw > metrics.FLIP_DEG).astype(np.float64), seen & pred_found & np.isfinite(yaw))
+        # Position and yaw in one figure each, as the task sees a pose: how far the T's area moved
+        # (ADD) and how much of the predicted T lies on the real one (push_t's overlap score).
+        from iws_reference_robot.tasks import t_pose_gaps
+        displacement, overlap = t_pose_gaps(pred_pose, real_pose)
+        frames["t_displacement_mm"] = (1000.0 * displacement, seen & pred_found)
+        frames["t_overlap"] = (overlap, seen & pred_found)
     per_step = {k: metrics.masked_mean(v, m) for k, (v, m) in frames.items()}
     per_episode = {k: metrics.masked_mean(v, m, axis=1) for k, (v, m) in frames.items()}
     summary = {k: float(metrics.masked_mean(v, np.ones_like(v, bool))) for k, v in per_step.items()}
@@ -484,6 +490,7 @@ def _print_openloop(report: dict, out: Path) -> None:
               + (f"  T found {fmt('t_found_rate', '.2f')}  pos {fmt('t_position_error_mm', '.1f')} mm"
                  f"  yaw {fmt('t_yaw_error_deg', '.1f')} deg (median {fmt('t_yaw_error_deg_median', '.1f')},"
                  f" {fmt('t_yaw_flip_rate', '.0%')} over {metrics.FLIP_DEG:g})"
+                 f"  area moved {fmt('t_displacement_mm', '.1f')} mm  overlap {fmt('t_overlap', '.2f')}"
                  if "t_found_rate" in s else ""))
         if s.get("t_at_rest_rate") is not None:
             print(f"  {'':16s} yaw where the real T is at rest ({s['t_at_rest_rate']:.0%} of frames) "
