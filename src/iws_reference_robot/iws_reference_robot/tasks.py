@@ -151,19 +151,18 @@ def t_pose_gaps(poses: np.ndarray, references: np.ndarray, chunk: int = 512) -> 
     a, b = poses.reshape(-1, 3), references.reshape(-1, 3)
     ok = np.isfinite(a).all(1) & np.isfinite(b).all(1)
     displacement, overlap = np.full(len(a), np.nan), np.full(len(a), np.nan)
-    points = _raster_boxes(T_BOXES, T_RASTER_STEP)
+    x, y = _raster_boxes(T_BOXES, T_RASTER_STEP).T
     rows = np.flatnonzero(ok)
     for start in range(0, len(rows), chunk):
         idx = rows[start:start + chunk]
-        world = [np.einsum("mk,fjk->fmj", points, np.stack(
-            [np.stack([np.cos(p[:, 2]), -np.sin(p[:, 2])], -1), np.stack([np.sin(p[:, 2]), np.cos(p[:, 2])], -1)], 1))
-            + p[:, None, :2] for p in (a[idx], b[idx])]
-        displacement[idx] = np.linalg.norm(world[0] - world[1], axis=-1).mean(1)
-        offset = world[0] - b[idx, None, :2]  # the first T's area in the reference T's frame
-        c, s = np.cos(b[idx, 2])[:, None], np.sin(b[idx, 2])[:, None]
-        local = np.stack([c * offset[..., 0] + s * offset[..., 1], -s * offset[..., 0] + c * offset[..., 1]], -1)
-        gap = np.abs(local[:, :, None, :] - T_BOXES[None, None, :, :2]) - T_BOXES[None, None, :, 2:]
-        overlap[idx] = np.any(np.all(gap <= 0, axis=-1), axis=-1).mean(1)
+        (ca, sa), (cb, sb) = [(np.cos(p[idx, 2:]), np.sin(p[idx, 2:])) for p in (a, b)]
+        # the T's area (F, points) placed at each pose, then the first one seen from the reference T
+        ax, ay = ca * x - sa * y + a[idx, :1], sa * x + ca * y + a[idx, 1:2]
+        bx, by = cb * x - sb * y + b[idx, :1], sb * x + cb * y + b[idx, 1:2]
+        displacement[idx] = np.hypot(ax - bx, ay - by).mean(1)
+        dx, dy = ax - b[idx, :1], ay - b[idx, 1:2]
+        local = np.stack([cb * dx + sb * dy, -sb * dx + cb * dy], -1)
+        overlap[idx] = inside_boxes(local.reshape(-1, 2), T_BOXES).reshape(len(idx), -1).mean(1)
     return displacement.reshape(shape), overlap.reshape(shape)
 
 
