@@ -152,16 +152,21 @@ def t_pose_gaps(poses: np.ndarray, references: np.ndarray, chunk: int = 512) -> 
     ok = np.isfinite(a).all(1) & np.isfinite(b).all(1)
     displacement, overlap = np.full(len(a), np.nan), np.full(len(a), np.nan)
     x, y = _raster_boxes(T_BOXES, T_RASTER_STEP).T
+
+    def placed(pose: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The T's area (F, points) at poses (F, 3): ``to_world`` over a batch of poses."""
+        c, s = np.cos(pose[:, 2:]), np.sin(pose[:, 2:])
+        return c * x - s * y + pose[:, :1], s * x + c * y + pose[:, 1:2]
+
     rows = np.flatnonzero(ok)
     for start in range(0, len(rows), chunk):
         idx = rows[start:start + chunk]
-        (ca, sa), (cb, sb) = [(np.cos(p[idx, 2:]), np.sin(p[idx, 2:])) for p in (a, b)]
-        # the T's area (F, points) placed at each pose, then the first one seen from the reference T
-        ax, ay = ca * x - sa * y + a[idx, :1], sa * x + ca * y + a[idx, 1:2]
-        bx, by = cb * x - sb * y + b[idx, :1], sb * x + cb * y + b[idx, 1:2]
+        (ax, ay), (bx, by) = placed(a[idx]), placed(b[idx])
         displacement[idx] = np.hypot(ax - bx, ay - by).mean(1)
+        # the first T's area seen from the reference T (``to_local``), then judged as PushT.overlap does
+        c, s = np.cos(b[idx, 2:]), np.sin(b[idx, 2:])
         dx, dy = ax - b[idx, :1], ay - b[idx, 1:2]
-        local = np.stack([cb * dx + sb * dy, -sb * dx + cb * dy], -1)
+        local = np.stack([c * dx + s * dy, -s * dx + c * dy], -1)
         overlap[idx] = inside_boxes(local.reshape(-1, 2), T_BOXES).reshape(len(idx), -1).mean(1)
     return displacement.reshape(shape), overlap.reshape(shape)
 
