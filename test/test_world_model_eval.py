@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from iws_data.dataset import Dataset, DatasetWriter
 from iws_reference_robot.tasks import T_BOXES, T_RASTER_STEP, PushT, _raster_boxes
@@ -118,6 +119,25 @@ def test_history_level_override_labels_the_history_and_is_checked(tiny_world_mod
     code = evaluate.openloop_main(["--model", str(tiny_world_model), "--data", str(dataset_dir), "--history-level",
                                    "1000", "--out", str(tmp_path)])
     assert code == 2 and "history_level" in capsys.readouterr().err
+
+
+def test_reencode_feeds_the_dynamics_the_latent_of_the_frame_it_rendered(tiny_world_model, dataset_dir, tmp_path):
+    world = WorldModel.load(tiny_world_model)
+    cut = evaluate.load_open_loop_data(Dataset(dataset_dir), world.config.window, 4, 2, world.image_size)
+    default, _ = evaluate.rollout_open_loop(world, cut, seed=1, progress=False)
+    for streaming in (True, False):
+        reencoding = WorldModel.load(tiny_world_model, reencode=True, streaming=streaming)
+        reencoding.reset(cut.context_images, cut.context_joints, cut.context_actions, seed=1)
+        images, _ = reencoding.step(cut.future_actions[:, 0])
+        torch.testing.assert_close(reencoding.latent, reencoding.encode(images), rtol=0, atol=0)
+        if not streaming:
+            assert torch.equal(reencoding._history[:, -1], reencoding.latent)
+    fed_back, _ = evaluate.rollout_open_loop(WorldModel.load(tiny_world_model, reencode=True), cut, seed=1, progress=False)
+    np.testing.assert_array_equal(fed_back[:, 0], default[:, 0])  # the first frame is rendered before any feedback
+    assert not np.array_equal(fed_back, default)
+    report = evaluate.openloop(tiny_world_model, dataset_dir, episodes=1, horizon=2, out=tmp_path, videos=0,
+                               reencode=True, progress=False)
+    assert report["protocol"]["reencode"] is True
 
 
 def test_seed_spread_scores_the_model_against_itself_under_the_next_seed(tiny_world_model, dataset_dir, tmp_path, capsys):

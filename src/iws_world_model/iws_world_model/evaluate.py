@@ -358,7 +358,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
              baseline_mse: str | Path | None = None, out: str | Path | None = None, videos: int = 2,
              seed: int = 0, split: str = "val", pose: bool = True, device: str | None = None,
              progress: bool = True, dynamics_steps: int | None = None, autoencoder: bool = False,
-             one_step: bool = False, history_level: int | None = None,
+             one_step: bool = False, history_level: int | None = None, reencode: bool = False,
              physics_nudge: tuple[float, ...] = (), seed_spread: bool = False) -> dict:
     """Run the open-loop protocol; writes OUT/openloop.json and the videos, returns the report.
     ``dynamics_steps`` overrides the model's consistency jumps per step (not the MSE baseline's);
@@ -375,7 +375,8 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
         raise EvalError(f"--physics-nudge takes distinct finite sizes >= 0 (mm and degrees), got {list(physics_nudge)}")
     device = device or default_device()
     try:
-        world = WorldModel.load(model, device, dynamics_steps=dynamics_steps, history_level=history_level)
+        world = WorldModel.load(model, device, dynamics_steps=dynamics_steps, history_level=history_level,
+                               reencode=reencode)
     except ValueError as exc:  # an override outside the config's rules
         raise EvalError(str(exc)) from exc
     dataset = Dataset(data)
@@ -465,7 +466,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
             "episodes_per_step": cut.valid.sum(0), "seed": seed, "device": str(world.device),
             "psnr_cap_db": metrics.PSNR_CAP_DB, "decode_steps": world.decode_steps,
             "dynamics_steps": world.dynamics_steps,
-            "history_level": world.history_level, "physics_nudge": list(physics_nudge),
+            "history_level": world.history_level, "reencode": world.reencode, "physics_nudge": list(physics_nudge),
             "seed_spread": seed + 1 if seed_spread else None,
             "pose_metrics": pose_note or "T pose by iws_reference_robot.perception on frames upscaled to the camera "
                                          "size; errors over frames where the T is found in both"},
@@ -545,6 +546,8 @@ def openloop_main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--dynamics-steps", type=int, choices=(1, 2, 3), default=None,
                    help="consistency jumps per predicted latent (default: the model's)")
+    p.add_argument("--reencode", action="store_true",
+                   help="feed the dynamics the encoder's latent of each rendered frame instead of its predicted latent")
     p.add_argument("--history-level", type=int, default=None,
                    help="noise level the history is labelled with at inference (default: the model config's history_level)")
     args = p.parse_args(argv)
@@ -554,6 +557,7 @@ def openloop_main(argv: list[str] | None = None) -> int:
         report = openloop(args.model, args.data, args.episodes, args.horizon, args.baseline_mse, args.out, args.videos,
                           args.seed, args.split, not args.no_pose, args.device, dynamics_steps=args.dynamics_steps,
                           autoencoder=args.autoencoder, one_step=args.one_step, history_level=args.history_level,
+                          reencode=args.reencode,
                           physics_nudge=args.physics_nudge, seed_spread=args.seed_spread)
     except (EvalError, DatasetError, CheckpointError) as exc:
         print(f"iws eval openloop: error: {exc}", file=sys.stderr)

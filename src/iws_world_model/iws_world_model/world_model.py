@@ -73,7 +73,7 @@ class WorldModel:
     def __init__(self, network: WorldModelNetwork, normalization: dict, meta: dict | None = None,
                  device: str | torch.device = "cpu", decode_steps: int | None = None, streaming: bool | None = None,
                  max_command_step=None, dynamics_steps: int | None = None, channels_last: bool | None = None,
-                 history_level: int | None = None):
+                 history_level: int | None = None, reencode: bool = False):
         self.device = torch.device(device)
         self.network = network.to(self.device).eval()
         # On the CPU, oneDNN convolutions run faster on channels-last weights: the push_t model steps
@@ -98,6 +98,9 @@ class WorldModel:
         dataclasses.replace(self.config, dynamics_steps=self.dynamics_steps,
                             history_level=self.history_level).validate("WorldModel")
         self.streaming = self.config.streaming if streaming is None else streaming
+        # Feed the dynamics the encoder's latent of each frame it rendered instead of the latent it
+        # predicted: the history is then always a latent of an image, as in training.
+        self.reencode = reencode
         # Per joint, the farthest a command may lead the arm's joints in one step (the drive's velocity
         # limit times the control period; None: commands pass unchanged). A real drive cannot follow
         # faster, and the model saw few larger leads: a Diffusion Policy's command jumps past them made
@@ -281,8 +284,14 @@ class WorldModel:
             window = self.config.window
             self._history = torch.cat([self._history, latent[:, None]], 1)[:, -window:]
             self._history_actions = torch.cat([self._history_actions, a[:, None]], 1)[:, -window:]
-        self.latent = latent
         image = tensor_to_images(self.decode(latent))
+        if self.reencode:
+            latent = self.encode(image)
+            if self.streaming:
+                self._pending = latent
+            else:
+                self._history[:, -1] = latent
+        self.latent = latent
         joints = self.joints_from_latent(latent, a).cpu().numpy()
         self.joint_positions = torch.as_tensor(joints, device=self.device)
         return (image, joints) if self._batched else (image[0], joints[0])
