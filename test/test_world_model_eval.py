@@ -12,7 +12,7 @@ import torch
 
 from iws_data.dataset import Dataset, DatasetWriter
 from iws_reference_robot.tasks import T_BOXES, T_RASTER_STEP, PushT, _raster_boxes
-from iws_world_model import evaluate, metrics
+from iws_world_model import evaluate, metrics, paired
 from iws_world_model.world_model import WorldModel
 
 PER_STEP = {"psnr", "ssim", "joint_mae_rad", "t_found_rate", "t_position_error_mm", "t_yaw_error_deg",
@@ -138,6 +138,40 @@ def test_reencode_feeds_the_dynamics_the_latent_of_the_frame_it_rendered(tiny_wo
     report = evaluate.openloop(tiny_world_model, dataset_dir, episodes=1, horizon=2, out=tmp_path, videos=0,
                                reencode=True, progress=False)
     assert report["protocol"]["reencode"] is True
+
+
+def test_paired_compares_two_reports_episode_by_episode(tiny_world_model, dataset_dir, tmp_path, capsys):
+    report = evaluate.openloop(tiny_world_model, dataset_dir, episodes=3, horizon=4, out=tmp_path / "a", videos=0,
+                               split="train", progress=False)
+    assert len(report["protocol"]["episodes"]) == 3
+    # The other report: the same episodes in another order, one missing, PSNR 1 dB higher in each.
+    other = json.loads((tmp_path / "a" / "openloop.json").read_text())
+    order = [2, 0]
+    other["protocol"]["episodes"] = [report["protocol"]["episodes"][i] for i in order]
+    rows = other["models"]["world_model"]["per_episode"]
+    for key in rows:
+        rows[key] = [rows[key][i] + 1.0 if key == "psnr" else rows[key][i] for i in order]
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "openloop.json").write_text(json.dumps(other))
+    result = paired.paired(paired.load_report(tmp_path / "a"), paired.load_report(tmp_path / "b"))
+    psnr = result["figures"]["psnr"]
+    assert result["episodes"] == 2 and psnr["n"] == 2
+    assert psnr["difference"] == pytest.approx(1.0) and psnr["standard_error"] == pytest.approx(0.0, abs=1e-6)
+    assert psnr["other_better"] == 2 and result["figures"]["ssim"]["difference"] == pytest.approx(0.0)
+    # A row against another row of the same report: copy-last's joints are worse than the model's.
+    assert paired.main([str(tmp_path / "a"), "--base-row", "copy_last", "--json"]) == 0
+    joints = json.loads(capsys.readouterr().out)["figures"]["joint_mae_rad"]
+    base = report["models"]["copy_last"]["per_episode"]["joint_mae_rad"]
+    assert joints["base"] == pytest.approx(np.mean(base))
+    assert paired.main([str(tmp_path / "a"), "--base-row", "mse"]) == 2
+    assert "no row 'mse'" in capsys.readouterr().err
+    other["protocol"]["episodes"] = [10_000, 10_001]
+    (tmp_path / "b" / "openloop.json").write_text(json.dumps(other))
+    assert paired.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    assert "share no episode" in capsys.readouterr().err
+    (tmp_path / "b" / "openloop.json").write_text("{")
+    assert paired.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    assert "not a JSON report" in capsys.readouterr().err
 
 
 def test_seed_spread_scores_the_model_against_itself_under_the_next_seed(tiny_world_model, dataset_dir, tmp_path, capsys):
