@@ -144,7 +144,7 @@ def test_paired_compares_two_reports_episode_by_episode(tiny_world_model, datase
     report = evaluate.openloop(tiny_world_model, dataset_dir, episodes=3, horizon=4, out=tmp_path / "a", videos=0,
                                split="train", progress=False)
     assert len(report["protocol"]["episodes"]) == 3
-    # The other report: the same episodes in another order, one missing, PSNR 1 dB higher in each.
+    # The other report: two of the episodes, in another order, PSNR 1 dB higher in each.
     other = json.loads((tmp_path / "a" / "openloop.json").read_text())
     order = [2, 0]
     other["protocol"]["episodes"] = [report["protocol"]["episodes"][i] for i in order]
@@ -158,7 +158,7 @@ def test_paired_compares_two_reports_episode_by_episode(tiny_world_model, datase
     assert result["episodes"] == 2 and psnr["n"] == 2
     assert psnr["difference"] == pytest.approx(1.0) and psnr["standard_error"] == pytest.approx(0.0, abs=1e-6)
     assert psnr["other_better"] == 2 and result["figures"]["ssim"]["difference"] == pytest.approx(0.0)
-    # A row against another row of the same report: copy-last's joints are worse than the model's.
+    # One report alone: its model row against its copy-last row, read as the base.
     assert paired.main([str(tmp_path / "a"), "--base-row", "copy_last", "--json"]) == 0
     joints = json.loads(capsys.readouterr().out)["figures"]["joint_mae_rad"]
     base = report["models"]["copy_last"]["per_episode"]["joint_mae_rad"]

@@ -59,7 +59,8 @@ def paired(base: dict, other: dict, base_row: str = "world_model", other_row: st
         if a is not None and b is not None and a != b:
             raise PairingError(f"the reports differ in {key} ({a!r} against {b!r}): their episodes do not pair")
     base_eps, other_eps = base["protocol"]["episodes"], other["protocol"]["episodes"]
-    shared = [e for e in base_eps if e in set(other_eps)]
+    in_other = set(other_eps)
+    shared = [e for e in base_eps if e in in_other]
     if not shared:
         raise PairingError("the reports share no episode")
     a_rows, b_rows = _row(base, base_row), _row(other, other_row)
