@@ -58,13 +58,13 @@ def paired(base: dict, other: dict, base_row: str = "world_model", other_row: st
         a, b = base["protocol"].get(key), other["protocol"].get(key)
         if a is not None and b is not None and a != b:
             raise PairingError(f"the reports differ in {key} ({a!r} against {b!r}): their episodes do not pair")
-    base_eps, other_eps = base["protocol"]["episodes"], other["protocol"]["episodes"]
-    in_other = set(other_eps)
-    shared = [e for e in base_eps if e in in_other]
-    if not shared:
+    # episode number -> its position in each report, in the base report's order
+    where_other = {e: i for i, e in enumerate(other["protocol"]["episodes"])}
+    pairs = [(i, where_other[e]) for i, e in enumerate(base["protocol"]["episodes"]) if e in where_other]
+    if not pairs:
         raise PairingError("the reports share no episode")
     a_rows, b_rows = _row(base, base_row), _row(other, other_row)
-    a_index, b_index = [base_eps.index(e) for e in shared], [other_eps.index(e) for e in shared]
+    a_index, b_index = zip(*pairs)
     figures = {}
     for key in a_rows:
         if key not in b_rows:
@@ -82,7 +82,7 @@ def paired(base: dict, other: dict, base_row: str = "world_model", other_row: st
             "other_better": int((sign * d > 0).sum()), "other_worse": int((sign * d < 0).sum()),
         }
     return {"base": f"{base['_path']}:{base_row}", "other": f"{other['_path']}:{other_row}",
-            "episodes": len(shared), "figures": figures}
+            "episodes": len(pairs), "figures": figures}
 
 
 def _print(result: dict) -> None:
