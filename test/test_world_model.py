@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from iws_data.dataset import Dataset, DatasetWriter
 from iws_world_model import bench, checkpoint, train
@@ -305,6 +306,65 @@ def test_self_forcing_deeper_than_the_window_trains_on_a_wholly_own_history(tmp_
                        "--steps", "10", "--init-weights", str(run_dir), "--device", "cpu"]) == 0
     stats = json.loads((out / checkpoint.CONFIG).read_text())["training"]["stages"]["2"]
     assert np.isfinite(stats["dynamics_last"]) and np.isfinite(stats["loss_last"])
+
+
+def test_stage4_is_stage2_again_on_deeper_chains(tmp_path, dataset_dir, run_dir, monkeypatch):
+    """Stage 4 trains the dynamics once more with its own self-forcing keys: from the same weights
+    it gives exactly what stage 2 gives under a config whose self-forcing keys hold stage 4's (the
+    two-command recipe it replaces), and `--stage all` runs it last, over the latents stage 2 encoded."""
+    chains = ("  stage4: {steps: 6, lr: 1.0e-3, batch_size: 8, warmup: 2, final_lr_fraction: 0.1}\n"
+              "  stage4_self_forcing_fraction: 0.5\n  stage4_self_forcing_frames: 4\n  stage4_self_forcing_min_frames: 1\n")
+    as_stage2 = ("  stage2: {steps: 6, lr: 1.0e-3, batch_size: 8, warmup: 2, final_lr_fraction: 0.1}\n"
+                 "  self_forcing_fraction: 0.5\n  self_forcing_frames: 4\n  self_forcing_min_frames: 1\n")
+    base = TINY.read_text()
+    with_stage4 = tmp_path / "tiny_stage4.yaml"
+    with_stage4.write_text(base + chains)
+    stage2_alike = tmp_path / "tiny_chains.yaml"
+    stage2_alike.write_text(base.replace("  stage2: {steps: 40, lr: 2.0e-3, batch_size: 8, warmup: 5}\n", "") + as_stage2)
+    common = ["--data", str(dataset_dir), "--init-weights", str(run_dir), "--device", "cpu"]
+    assert train.main(["--config", str(with_stage4), "--out", str(tmp_path / "s4"), "--stage", "4"] + common) == 0
+    assert train.main(["--config", str(stage2_alike), "--out", str(tmp_path / "s2"), "--stage", "2"] + common) == 0
+    four, two = (load_file(str(tmp_path / name / checkpoint.WEIGHTS)) for name in ("s4", "s2"))
+    before = load_file(str(run_dir / checkpoint.WEIGHTS))
+    assert any(not torch.equal(four[k], before[k]) for k in four if k.startswith("dynamics."))
+    assert all(torch.equal(four[k], before[k]) for k in four if k.startswith(("encoder.", "decoder.")))
+    assert four.keys() == two.keys() and all(torch.equal(four[k], two[k]) for k in four)
+    meta = json.loads((tmp_path / "s4" / checkpoint.CONFIG).read_text())["training"]
+    assert meta["completed"] == [1, 3, 4] and meta["stages"]["4"]["steps"] == 6
+
+    # The dynamics stages alone over another run's autoencoder, in one process, at another batch size.
+    both = tmp_path / "s24"
+    assert train.main(["--config", str(with_stage4), "--out", str(both), "--stage", "2,4", "--steps", "4",
+                       "--batch-size", "4", "--data", str(dataset_dir), "--init-autoencoder", str(run_dir),
+                       "--device", "cpu"]) == 0
+    meta = json.loads((both / checkpoint.CONFIG).read_text())["training"]
+    assert meta["completed"] == [1, 3, 2, 4]
+    assert all(meta["stages"][k]["steps"] == 4 and meta["stages"][k]["batch_size"] == 4 for k in ("2", "4"))
+    for bad in ("4,2", "2,2", "5", "two"):
+        with pytest.raises(SystemExit):
+            train.main(["--config", str(with_stage4), "--out", str(both), "--stage", bad, "--data", str(dataset_dir)])
+
+    encoded = []
+    encode = train.Trainer.encode_dataset
+    monkeypatch.setattr(train.Trainer, "encode_dataset", lambda self, **kw: encoded.append(1) or encode(self, **kw))
+    out = tmp_path / "all"
+    assert train.main(["--config", str(with_stage4), "--data", str(dataset_dir), "--out", str(out), "--device", "cpu"]) == 0
+    meta = json.loads((out / checkpoint.CONFIG).read_text())["training"]
+    assert meta["completed"] == [1, 2, 3, 4] and meta["stages"]["4"]["steps"] == 6
+    assert np.isfinite(meta["stages"]["4"]["dynamics_last"])
+    assert len(encoded) == 1  # stage 4 reused stage 2's latents
+
+
+def test_training_device_names_the_gpu_of_this_process(monkeypatch):
+    """`--device cuda` once failed on a GPU machine (set_device needs an index): a bare "cuda" is
+    the process's own GPU, torchrun's LOCAL_RANK."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert train.training_device("cuda") == torch.device("cuda", 0)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert train.training_device("cuda") == torch.device("cuda", 3)
+    assert train.training_device("cuda:1") == torch.device("cuda", 1)
+    assert train.training_device("cpu") == torch.device("cpu")
+    assert train.training_device(None) == (torch.device("cuda", 3) if torch.cuda.is_available() else torch.device("cpu"))
 
 
 def test_motion_oversampling_draws_the_windows_where_the_object_moves(tmp_path, capsys):
@@ -755,13 +815,21 @@ def test_config_errors_name_the_key(tmp_path):
             load_config(bad)
     for key, value in (("dynamics_jump_fraction", 1.5), ("self_forcing_fraction", -0.1), ("self_forcing_frames", -1),
                        ("self_forcing_min_frames", 3), ("motion_oversample", 0.5), ("motion_min_pixels", 0),
-                       ("dynamics_distance", "l3"), ("dynamics_jump_levels", "all"), ("object_loss_weight", -1.0)):
+                       ("dynamics_distance", "l3"), ("dynamics_jump_levels", "all"), ("object_loss_weight", -1.0),
+                       ("stage4_self_forcing_fraction", 2.0), ("stage4_self_forcing_min_frames", 17)):
         bad.write_text(f"train:\n  {key}: {value}\n")
         with pytest.raises(ConfigError, match=key):
             load_config(bad)
+    bad.write_text("train:\n  stage4: {steps: -1}\n")
+    with pytest.raises(ConfigError, match="stage4.steps"):
+        load_config(bad)
+    bad.write_text("train:\n  stage3: {steps: 50}\n  stage4: {steps: 50}\n")  # keys left out keep the stage's defaults
+    _, partial = load_config(bad)
+    assert (partial.stage3.lr, partial.stage4.lr) == (2e-5, 1e-4)
     shipped = sorted((ROOT / "config/models").glob("*.yaml"))
     assert {p.stem for p in shipped} >= {"push_t", "push_t_mse", "push_t_jumps", "push_t_chain", "push_t_deep", "push_t_l1",
-                                          "push_t_sampled", "push_t_object", "push_t_residual", "push_t_gated", "paper_128", "tiny"}
+                                          "push_t_sampled", "push_t_object", "push_t_residual", "push_t_gated", "push_t_curriculum",
+                                          "paper_128", "tiny"}
     for path in shipped:
         load_config(path)
 

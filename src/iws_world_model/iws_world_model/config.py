@@ -103,6 +103,10 @@ class TrainConfig:
     stage1: StageConfig = dataclasses.field(default_factory=StageConfig)  # encoder + decoder
     stage2: StageConfig = dataclasses.field(default_factory=StageConfig)  # dynamics + joint head
     stage3: StageConfig = dataclasses.field(default_factory=lambda: StageConfig(lr=2e-5))  # decoder fine-tune
+    # dynamics (+ joint head) once more, on deep chains of its own predictions: plain stage-2 steps
+    # first and chains last buy more in the same time than either alone (docs/architecture.md,
+    # self-forcing). 0 steps: no stage 4.
+    stage4: StageConfig = dataclasses.field(default_factory=lambda: StageConfig(steps=0, lr=1e-4))
     weight_decay: float = 1e-4
     grad_clip: float = 1.0
     terminal_fraction: float = 0.5   # stage 1: share of the batch trained on the inference jumps
@@ -111,6 +115,9 @@ class TrainConfig:
     self_forcing_fraction: float = 0.0   # stage 2 (consistency dynamics): share of the batch whose newest history frames are its own predictions
     self_forcing_frames: int = 2         # how many chained one-jump predictions precede the target; beyond window - 1 the windows grow and the whole history is the model's own
     self_forcing_min_frames: int = 0     # > 0: each batch draws that count uniformly from this..self_forcing_frames (0: always self_forcing_frames)
+    stage4_self_forcing_fraction: float = 0.5  # stage 4's self_forcing_fraction (stage 4 is stage 2 with these three)
+    stage4_self_forcing_frames: int = 16       # its chain depth: windows of this + 2 frames
+    stage4_self_forcing_min_frames: int = 1    # its depth drawn per batch from this..stage4_self_forcing_frames
     dynamics_distance: str = "l2"    # stage 2: "l2" regresses the next latent's mean, "l1" its per-element median (no superposition of outcomes)
     motion_oversample: float = 1.0   # stage 2: windows whose target frame moves the task's object are drawn this many times as often
     motion_task: str = "push_t"      # whose object mask says what moved (iws_reference_robot.perception.OBJECT_MASKS)
@@ -125,7 +132,7 @@ class TrainConfig:
     num_workers: int = 0
 
     def validate(self, where: str = "train") -> None:
-        for name in ("stage1", "stage2", "stage3"):
+        for name in ("stage1", "stage2", "stage3", "stage4"):
             stage = getattr(self, name)
             for key in ("steps", "batch_size"):
                 if not isinstance(getattr(stage, key), int) or getattr(stage, key) < (0 if key == "steps" else 1):
@@ -134,7 +141,7 @@ class TrainConfig:
                 raise ConfigError(f"{where}.{name}.lr: must be positive, got {stage.lr!r}")
             if not 0 < stage.final_lr_fraction <= 1:
                 raise ConfigError(f"{where}.{name}.final_lr_fraction: must lie in (0, 1], got {stage.final_lr_fraction!r}")
-        for key in ("terminal_fraction", "dynamics_jump_fraction", "self_forcing_fraction"):
+        for key in ("terminal_fraction", "dynamics_jump_fraction", "self_forcing_fraction", "stage4_self_forcing_fraction"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"{where}.{key}: must lie in [0, 1], got {getattr(self, key)!r}")
         for key, choices in (("dynamics_jump_levels", ("inference", "uniform")), ("dynamics_distance", ("l2", "l1"))):
@@ -146,13 +153,25 @@ class TrainConfig:
             raise ConfigError(f"{where}.object_loss_weight: must be >= 0 (0: off), got {self.object_loss_weight!r}")
         if self.motion_min_pixels < 1:
             raise ConfigError(f"{where}.motion_min_pixels: must be >= 1, got {self.motion_min_pixels!r}")
-        if self.self_forcing_frames < 0:
-            raise ConfigError(f"{where}.self_forcing_frames: must be >= 0, got {self.self_forcing_frames!r}")
-        if not 0 <= self.self_forcing_min_frames <= self.self_forcing_frames:
-            raise ConfigError(f"{where}.self_forcing_min_frames: must lie in [0, self_forcing_frames = "
-                              f"{self.self_forcing_frames}] (0: always self_forcing_frames), got {self.self_forcing_min_frames!r}")
+        for prefix in ("", "stage4_"):
+            frames, least = getattr(self, f"{prefix}self_forcing_frames"), getattr(self, f"{prefix}self_forcing_min_frames")
+            if frames < 0:
+                raise ConfigError(f"{where}.{prefix}self_forcing_frames: must be >= 0, got {frames!r}")
+            if not 0 <= least <= frames:
+                raise ConfigError(f"{where}.{prefix}self_forcing_min_frames: must lie in [0, {prefix}self_forcing_frames = "
+                                  f"{frames}] (0: always {prefix}self_forcing_frames), got {least!r}")
         if self.checkpoint_every < 1 or self.log_every < 1:
             raise ConfigError(f"{where}: checkpoint_every and log_every must be >= 1")
+
+    def for_stage(self, stage: int) -> tuple[int, "TrainConfig"]:
+        """The objective a stage trains and the settings it trains it with: stage 4 is stage 2's
+        objective with stage 4's self-forcing (so ``--stage 4 --init-weights A`` is exactly stage 2
+        of a config whose self-forcing keys hold stage 4's, started from A)."""
+        if stage != 4:
+            return stage, self
+        return 2, dataclasses.replace(self, self_forcing_fraction=self.stage4_self_forcing_fraction,
+                                      self_forcing_frames=self.stage4_self_forcing_frames,
+                                      self_forcing_min_frames=self.stage4_self_forcing_min_frames)
 
 
 def _build(cls, data: Any, where: str):
@@ -167,8 +186,9 @@ def _build(cls, data: Any, where: str):
     kwargs = {}
     for key, value in data.items():
         default = getattr(cls(), key)
-        if isinstance(default, StageConfig):
-            value = _build(StageConfig, value, f"{where}.{key}")
+        if isinstance(default, StageConfig):  # keys left out keep this stage's defaults (stage 3's rate is lower)
+            given = _build(StageConfig, value, f"{where}.{key}")
+            value = dataclasses.replace(default, **{k: getattr(given, k) for k in (value or {})})
         elif isinstance(default, bool):
             if not isinstance(value, bool):
                 raise ConfigError(f"{where}.{key}: expected true/false, got {value!r}")

@@ -4,6 +4,7 @@
   2  dynamics (+ joint head), autoencoder frozen: the next latent from K noisy-history latents (with
      self-forcing, the newest of them the model's own predictions for part of the batch)
   3  decoder fine-tuned on slightly noisy latents, on the inference jumps only
+(stage 4 trains stage 2's objective again with its own, deeper self-forcing: TrainConfig.for_stage)
 """
 from __future__ import annotations
 

@@ -167,6 +167,7 @@ class Trainer:
         self.losses: dict = {}     # per stage: loss history (train_state.pt only)
         self.warm_start: dict | None = None  # --init-weights: where the later stages started from
         self.stop = StopSignals()  # main() activates it; its signum ends a stage early, saved
+        self._cache: dict = {}     # per process: the dataset's latents and object masks (stages 2 and 4)
         self.writer = None
         if rank == 0:
             from torch.utils.tensorboard import SummaryWriter
@@ -230,7 +231,8 @@ class Trainer:
     # one stage ----------------------------------------------------------------------------------
     def run_stage(self, stage: int, steps: int, resume_state: dict | None = None) -> None:
         scfg = getattr(self.train_cfg, f"stage{stage}")
-        objective = StageObjective(self.network, stage, self.train_cfg, self.normalization).to(self.device)
+        trains, cfg = self.train_cfg.for_stage(stage)  # stage 4: stage 2's objective on deeper chains
+        objective = StageObjective(self.network, trains, cfg, self.normalization).to(self.device)
         optimizer = torch.optim.AdamW(objective.trainable_parameters(), lr=scfg.lr,
                                       weight_decay=self.train_cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(scfg.warmup, steps, scfg.final_lr_fraction))
@@ -243,16 +245,14 @@ class Trainer:
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids)
-        length = StageObjective.window_length(self.model_cfg, self.train_cfg) if stage == 2 else 1
+        length = StageObjective.window_length(self.model_cfg, cfg) if trains == 2 else 1
         weights = object_cells = None
-        oversample, weigh_cells = self.train_cfg.motion_oversample > 1, self.train_cfg.object_loss_weight > 0
-        if stage == 2 and (oversample or weigh_cells):  # before encoding: a bad task fails fast
-            changed, object_cells = object_mask_pass(self.dataset.images, self.train_cfg.motion_task,
-                                                     self.model_cfg.latent_size if weigh_cells else None,
-                                                     quiet=self.rank != 0)
+        oversample, weigh_cells = cfg.motion_oversample > 1, cfg.object_loss_weight > 0
+        if trains == 2 and (oversample or weigh_cells):  # before encoding: a bad task fails fast
+            changed, object_cells = self.object_masks(weigh_cells)
             if oversample:
-                weights = motion_weights(WindowData(self.dataset, length, "train"), self.train_cfg, changed)
-        latents = self.encode_dataset() if stage == 2 and self.train_cfg.cache_latents else None
+                weights = motion_weights(WindowData(self.dataset, length, "train"), cfg, changed)
+        latents = self.dataset_latents() if trains == 2 and cfg.cache_latents else None
         data = WindowData(self.dataset, length, "train", latents, object_cells)
         if len(data) == 0:
             raise DatasetError(f"{self.dataset.root}: no training window of {length} frames for stage {stage}")
@@ -267,6 +267,9 @@ class Trainer:
             self.stats.pop(str(stage), None)
             self.losses[str(stage)] = {}
         losses = self.losses.setdefault(str(stage), {})
+        # What the steps were, beside what they did: a checkpoint says how it was trained.
+        self.stats.setdefault(str(stage), {}).update(batch_size=scfg.batch_size * self.world, peak_lr=scfg.lr,
+                                                     device=self.device.type)
         began = time.time()
         bar = tqdm(range(start, steps), initial=start, total=steps, desc=f"stage {stage}", disable=self.rank != 0,
                    dynamic_ncols=True, file=sys.stderr)
@@ -306,6 +309,22 @@ class Trainer:
             self.completed.append(stage)
         self.save(stage, steps, optimizer, scheduler)
 
+    def object_masks(self, weigh_cells: bool):
+        """object_mask_pass once per process: stages 2 and 4 draw from the same frames."""
+        key = ("object_masks", weigh_cells)
+        if key not in self._cache:
+            self._cache[key] = object_mask_pass(self.dataset.images, self.train_cfg.motion_task,
+                                                self.model_cfg.latent_size if weigh_cells else None,
+                                                quiet=self.rank != 0)
+        return self._cache[key]
+
+    def dataset_latents(self) -> torch.Tensor:
+        """Every frame's latent, encoded once per process: stage 1 is over by then and stages 3
+        and 4 leave the encoder as it is, so stage 4 reuses what stage 2 encoded."""
+        if "latents" not in self._cache:
+            self._cache["latents"] = self.encode_dataset()
+        return self._cache["latents"]
+
     @torch.no_grad()
     def encode_dataset(self, chunk: int = 256) -> torch.Tensor:
         """Every frame through the (frozen) encoder once, on the CPU side: stage 2 then skips the
@@ -330,13 +349,42 @@ class Trainer:
         stats.update(steps=done, seconds=round(stats.get("seconds", 0.0) + time.time() - began, 1))
 
 
+def training_device(name: str | None) -> torch.device:
+    """--device, or the GPU if there is one; a bare "cuda" is this process's GPU (torchrun's
+    LOCAL_RANK), since torch.cuda.set_device needs an index."""
+    if name is None:
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return device
+
+
+def stage_plan(text: str):
+    """--stage: "all", or stages in training order ("2", "2,4")."""
+    if text == "all":
+        return text
+    try:
+        plan = [int(part) for part in text.split(",")]
+    except ValueError:
+        plan = []
+    if not plan or any(stage not in (1, 2, 3, 4) for stage in plan) or plan != sorted(set(plan)):
+        raise argparse.ArgumentTypeError(f"expected all, or stages 1-4 in order like 2 or 2,4; got {text!r}")
+    return plan
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="iws train", description="train a world model from a cached dataset")
     p.add_argument("--config", required=True, help="config/models/NAME.yaml")
     p.add_argument("--data", required=True, help="cached dataset directory (iws dataset build)")
     p.add_argument("--out", required=True, help="run directory, e.g. runs/NAME")
-    p.add_argument("--stage", default="all", choices=("all", "1", "2", "3"))
+    p.add_argument("--stage", default="all", type=stage_plan,
+                   help="all: 1, 2, 3, then 4 where the config gives it steps (4: the dynamics again on deep "
+                        "self-forcing chains); one stage, or several in order, e.g. 2,4 (the dynamics stages "
+                        "over an --init-autoencoder)")
     p.add_argument("--steps", type=int, default=None, help="override the steps of each selected stage")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="override the batch size of each selected stage (a GPU takes far more than the CPU's 16)")
     p.add_argument("--lr", type=float, default=None,
                    help="override the peak learning rate of each selected stage (e.g. lower for a warm start)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
@@ -355,12 +403,7 @@ def main(argv: list[str] | None = None) -> int:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    if args.device:
-        device = torch.device(args.device)
-    elif torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    else:
-        device = torch.device("cpu")
+    device = training_device(args.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world > 1:
@@ -373,10 +416,13 @@ def main(argv: list[str] | None = None) -> int:
             train_cfg.seed = args.seed
         dataset = Dataset(args.data)
         out = Path(args.out)
-        plan = [1, 2, 3] if args.stage == "all" else [int(args.stage)]
-        if args.steps is not None:
-            for stage in plan:
-                getattr(train_cfg, f"stage{stage}").steps = args.steps
+        plan = ([1, 2, 3] + ([4] if train_cfg.stage4.steps > 0 else [])) if args.stage == "all" else args.stage
+        for key, value in (("steps", args.steps), ("batch_size", args.batch_size)):
+            if value is not None:
+                if value < 1:
+                    raise ConfigError(f"--{key.replace('_', '-')} must be >= 1, got {value}")
+                for stage in plan:
+                    setattr(getattr(train_cfg, f"stage{stage}"), key, value)
         if args.lr is not None:
             if not args.lr > 0:
                 raise ConfigError(f"--lr must be > 0, got {args.lr}")
