@@ -13,10 +13,10 @@
 # A dry run here: DEVICE=cpu BATCH=4 BUDGET_S=200 PROBE_STEPS=3 DATA_PACK=<a small packed dataset> bash tools/gpu_world_model.sh
 set -u
 BUDGET_S=${BUDGET_S:-540}          # everything below ends by then (the call's limit is a little more)
-BATCH=${BATCH:-256}
+BATCH=${BATCH:-192}                # 256 fails on CUDA: the temporal attention's batch is B x 16 x 16 latent pixels, > 65535
 DEVICE=${DEVICE:-cuda}
 PROBE_STEPS=${PROBE_STEPS:-30}
-SIDE_BY_SIDE=${SIDE_BY_SIDE:-1.6}  # assumed slow-down of each training with the other beside it
+SIDE_BY_SIDE=${SIDE_BY_SIDE:-2.0}  # slow-down of each training with the other beside it (H100, 2026-12-05: about 1.9)
 DATA_PACK=${DATA_PACK:-.gpu/push_t_dataset}
 T0=$SECONDS
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
