@@ -417,10 +417,10 @@ def main(argv: list[str] | None = None) -> int:
         dataset = Dataset(args.data)
         out = Path(args.out)
         plan = ([1, 2, 3] + ([4] if train_cfg.stage4.steps > 0 else [])) if args.stage == "all" else args.stage
-        for key, value in (("steps", args.steps), ("batch_size", args.batch_size)):
+        for key, value, least in (("steps", args.steps, 0), ("batch_size", args.batch_size, 1)):
             if value is not None:
-                if value < 1:
-                    raise ConfigError(f"--{key.replace('_', '-')} must be >= 1, got {value}")
+                if value < least:  # --steps 0: a warm start that only converts the checkpoint
+                    raise ConfigError(f"--{key.replace('_', '-')} must be >= {least}, got {value}")
                 for stage in plan:
                     setattr(getattr(train_cfg, f"stage{stage}"), key, value)
         if args.lr is not None:
