@@ -608,6 +608,25 @@ def test_cached_latents_give_the_same_stage2_loss(run_dir, dataset_dir):
 
 
 # checkpoints -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, recipe", [("push_t", "push_t"), ("push_t_2h", "push_t"),
+                                          ("push_t_curriculum", "push_t_curriculum")])
+def test_shipped_push_t_models_load_match_their_recipe_and_step(name, recipe):
+    """Each shipped push_t checkpoint (in git, so a bad commit of one would reach users) opens, is
+    the network of the config its card names, and steps from its own start window to finite
+    output."""
+    world = WorldModel.load(ROOT / "models" / name, threads=1)
+    model_cfg, _ = load_config(ROOT / "config/models" / f"{recipe}.yaml")
+    assert dataclasses.asdict(world.config) == dataclasses.asdict(model_cfg)
+    meta = json.loads((ROOT / "models" / name / checkpoint.CONFIG).read_text())["training"]
+    assert sorted(meta["completed"]) == ([1, 2, 3, 4] if recipe == "push_t_curriculum" else [1, 2, 3])
+    with np.load(ROOT / "models" / name / "start_windows.npz") as windows:
+        images, joints, actions = windows["images"][0], windows["joint_positions"][0], windows["actions"][0]
+    world.reset(images, joints, actions, seed=0)
+    image, joint_positions = world.step(actions[-1])
+    size = world.config.image_size  # the model's frame; the node resizes it to the camera's
+    assert image.shape == (size, size, 3) and image.dtype == np.uint8 and np.isfinite(joint_positions).all()
+
+
 def test_checkpoint_round_trip_gives_identical_outputs(run_dir, dataset_dir, tmp_path):
     first = WorldModel.load(run_dir, threads=1)
     copy = checkpoint.save(tmp_path / "copy", first.network, first.meta["normalization"])
