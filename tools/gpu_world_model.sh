@@ -6,6 +6,9 @@
 #            autoencoder, at batch $BATCH instead of 16;
 #   gen7:    the shipped default models/push_t fine-tuned by stage 4 alone at batch $BATCH.
 # Evaluated back on the CPU machine (`iws eval openloop --episodes 47`, `iws eval longrun`).
+# Run once on an H100 (2026-12-05): neither run moved the yaw (docs/architecture.md, self-forcing; step
+# rates in docs/benchmarks.md). This network leaves the GPU mostly idle: a longer session should buy
+# more steps, not larger batches.
 #
 # Prepared on the CPU machine (.gpu/ is git-ignored through .git/info/exclude):
 #   python3 tools/dataset_xz.py pack data/push_t_dataset .gpu/push_t_dataset --jobs 2   # 3.3 GB -> about 20 MB
