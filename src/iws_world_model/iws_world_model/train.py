@@ -249,7 +249,7 @@ class Trainer:
         weights = object_cells = None
         oversample, weigh_cells = cfg.motion_oversample > 1, cfg.object_loss_weight > 0
         if trains == 2 and (oversample or weigh_cells):  # before encoding: a bad task fails fast
-            changed, object_cells = self.object_masks(weigh_cells)
+            changed, object_cells = self.object_masks()
             if oversample:
                 weights = motion_weights(WindowData(self.dataset, length, "train"), cfg, changed)
         latents = self.dataset_latents() if trains == 2 and cfg.cache_latents else None
@@ -309,14 +309,15 @@ class Trainer:
             self.completed.append(stage)
         self.save(stage, steps, optimizer, scheduler)
 
-    def object_masks(self, weigh_cells: bool):
-        """object_mask_pass once per process: stages 2 and 4 draw from the same frames."""
-        key = ("object_masks", weigh_cells)
-        if key not in self._cache:
-            self._cache[key] = object_mask_pass(self.dataset.images, self.train_cfg.motion_task,
-                                                self.model_cfg.latent_size if weigh_cells else None,
-                                                quiet=self.rank != 0)
-        return self._cache[key]
+    def object_masks(self):
+        """object_mask_pass once per process: stages 2 and 4 draw from the same frames (and share
+        motion_task and object_loss_weight: stage 4 changes only the self-forcing keys)."""
+        if "object_masks" not in self._cache:
+            weigh_cells = self.train_cfg.object_loss_weight > 0
+            self._cache["object_masks"] = object_mask_pass(self.dataset.images, self.train_cfg.motion_task,
+                                                           self.model_cfg.latent_size if weigh_cells else None,
+                                                           quiet=self.rank != 0)
+        return self._cache["object_masks"]
 
     def dataset_latents(self) -> torch.Tensor:
         """Every frame's latent, encoded once per process: stage 1 is over by then and stages 3
@@ -417,17 +418,14 @@ def main(argv: list[str] | None = None) -> int:
         dataset = Dataset(args.data)
         out = Path(args.out)
         plan = ([1, 2, 3] + ([4] if train_cfg.stage4.steps > 0 else [])) if args.stage == "all" else args.stage
-        for key, value, least in (("steps", args.steps, 0), ("batch_size", args.batch_size, 1)):
+        overrides = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr}
+        for key, value in overrides.items():
             if value is not None:
-                if value < least:  # --steps 0: a warm start that only converts the checkpoint
-                    raise ConfigError(f"--{key.replace('_', '-')} must be >= {least}, got {value}")
                 for stage in plan:
                     setattr(getattr(train_cfg, f"stage{stage}"), key, value)
-        if args.lr is not None:
-            if not args.lr > 0:
-                raise ConfigError(f"--lr must be > 0, got {args.lr}")
-            for stage in plan:
-                getattr(train_cfg, f"stage{stage}").lr = args.lr
+        # The config's own rules judge the overrides too (--steps 0 stays a warm start that only
+        # converts the checkpoint; --batch-size 0 and --lr 0 are refused), before anything is written.
+        train_cfg.validate(f"{args.config}: train with --steps/--batch-size/--lr")
         torch.manual_seed(train_cfg.seed + rank)
         np.random.seed(train_cfg.seed + rank)
         out.mkdir(parents=True, exist_ok=True)
