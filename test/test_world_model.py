@@ -355,6 +355,86 @@ def test_stage4_is_stage2_again_on_deeper_chains(tmp_path, dataset_dir, run_dir,
     assert len(encoded) == 1  # stage 4 reused stage 2's latents
 
 
+def test_stage3_decodes_the_dynamics_own_predictions(tmp_path, dataset_dir, run_dir, monkeypatch):
+    """stage3_predicted_fraction: that share of a stage-3 batch conditions the decoder on the
+    dynamics' own prediction of the target frame (the end of a chain of 1..stage3_chain_frames of
+    them, as a rollout makes them), the rest on the encoder's latent plus a little noise; the run
+    trains the decoder alone, over latents encoded once, and the same step from images agrees."""
+    cfg_path = tmp_path / "tiny_predicted.yaml"
+    cfg_path.write_text(TINY.read_text() + "  stage3_predicted_fraction: 0.5\n  stage3_chain_frames: 3\n")
+    model_cfg, train_cfg = load_config(cfg_path)
+    k = model_cfg.window
+    assert train.StageObjective.stage3_window(model_cfg, train_cfg) == k + 3
+    assert train.StageObjective.stage3_window(*load_config(TINY)) == 1  # off: the paper's stage 3, one frame
+    trainer = train.Trainer(model_cfg, train_cfg, Dataset(dataset_dir), tmp_path / "unused", torch.device("cpu"))
+    trainer.load_weights(run_dir)
+    objective = train.StageObjective(trainer.network, 3, train_cfg, trainer.normalization)
+    cached = train.WindowData(Dataset(dataset_dir), k + 3, latents=trainer.encode_dataset(), last_image=True)
+    batch = torch.utils.data.default_collate([cached[i] for i in range(8)])
+    assert batch["latents"].shape[1] == k + 3 and batch["images"].shape[1] == 1  # the target's image alone
+
+    decoded = []
+    monkeypatch.setattr(objective, "_decoder_loss", lambda image, latent, t, s: decoded.append((image, latent)) or
+                        train.StageObjective._decoder_loss(objective, image, latent, t, s))
+    for source in (batch, torch.utils.data.default_collate(
+            [train.WindowData(Dataset(dataset_dir), k + 3)[i] for i in range(8)])):  # from images: encoded here
+        torch.manual_seed(5)
+        objective(source)
+    (image, latent), (image_again, latent_again) = decoded
+    torch.testing.assert_close(latent_again, latent, atol=1e-5, rtol=1e-4)
+    assert torch.equal(image, image_again) and image.shape[0] == 8
+    real = batch["latents"][:, -1]
+    torch.manual_seed(5)
+    torch.randn(real.shape)  # the encoder latents' noise, drawn first
+    depth = int(torch.randint(1, 4, ()))
+    own = objective._own_chain(batch["latents"], objective._actions(batch), 4, depth)[:4, -1]
+    torch.testing.assert_close(latent[:4], own, atol=1e-5, rtol=1e-4)
+    predicted_gap = (latent[:4] - real[:4]).pow(2).mean()
+    noise_gap = (latent[4:] - real[4:]).pow(2).mean()
+    unrelated = (real[:4] - real[4:]).pow(2).mean()
+    assert 0 < noise_gap < predicted_gap < unrelated, (noise_gap, predicted_gap, unrelated)
+
+    encoded = []
+    encode = train.Trainer.encode_dataset
+    monkeypatch.setattr(train.Trainer, "encode_dataset", lambda self, **kw: encoded.append(1) or encode(self, **kw))
+    out = tmp_path / "predicted"
+    assert train.main(["--config", str(cfg_path), "--data", str(dataset_dir), "--out", str(out), "--stage", "3",
+                       "--steps", "6", "--init-weights", str(run_dir), "--device", "cpu"]) == 0
+    after, before = load_file(str(out / checkpoint.WEIGHTS)), load_file(str(run_dir / checkpoint.WEIGHTS))
+    assert any(not torch.equal(after[name], before[name]) for name in after if name.startswith("decoder."))
+    assert all(torch.equal(after[name], before[name]) for name in after if not name.startswith("decoder."))
+    assert len(encoded) == 1
+    stats = json.loads((out / checkpoint.CONFIG).read_text())["training"]["stages"]["3"]
+    assert stats["steps"] == 6 and np.isfinite(stats["loss_last"])
+
+
+def test_dynamics_pixel_weight_trains_the_dynamics_through_the_frozen_decoder(tmp_path, dataset_dir, run_dir):
+    """dynamics_pixel_weight adds the pixel error of the predicted latent as a rollout renders it
+    (one decoder jump from noise) against the real frame: its gradient reaches the dynamics through
+    the decoder, which stays as it was; windows of cached latents then carry the target's image."""
+    objective, cfg_path, latents, actions = self_forcing_setup(tmp_path, dataset_dir, run_dir, "  dynamics_pixel_weight: 1.0")
+    data = train.WindowData(Dataset(dataset_dir), objective.network.config.window + 1, last_image=True,
+                            latents=latents.new_zeros(len(Dataset(dataset_dir)), *latents.shape[2:]))
+    assert data[0]["images"].shape[0] == 1
+    batch = torch.utils.data.default_collate([train.WindowData(Dataset(dataset_dir), latents.shape[1])[i] for i in range(16)])
+    prediction = latents[:, -1].clone().requires_grad_(True)
+    error = objective._decoded_error(normalize_latent(prediction), batch)
+    error.backward()
+    assert error > 0 and prediction.grad.abs().sum() > 0
+    assert all(p.grad is None for p in objective.network.decoder.parameters())
+    with pytest.raises(KeyError, match="last_image"):
+        objective._decoded_error(latents[:, -1], {"latents": latents})
+
+    out = tmp_path / "pixels"
+    assert train.main(["--config", str(cfg_path), "--data", str(dataset_dir), "--out", str(out), "--stage", "2",
+                       "--steps", "6", "--init-weights", str(run_dir), "--device", "cpu"]) == 0
+    after, before = load_file(str(out / checkpoint.WEIGHTS)), load_file(str(run_dir / checkpoint.WEIGHTS))
+    assert all(torch.equal(after[name], before[name]) for name in after if name.startswith(("encoder.", "decoder.")))
+    assert any(not torch.equal(after[name], before[name]) for name in after if name.startswith("dynamics."))
+    stats = json.loads((out / checkpoint.CONFIG).read_text())["training"]["stages"]["2"]
+    assert np.isfinite(stats["pixels_last"]) and stats["pixels_last"] > 0
+
+
 def test_dataset_packed_for_a_gpu_machine_unpacks_to_the_same_bytes(tmp_path, dataset_dir):
     """tools/dataset_xz.py (how push_t's 3.3 GB travel to a lent GPU as 20 MB): every file and every
     byte of the images comes back, with more parts than jobs and a last part shorter than the rest."""
@@ -858,7 +938,8 @@ def test_config_errors_name_the_key(tmp_path):
     for key, value in (("dynamics_jump_fraction", 1.5), ("self_forcing_fraction", -0.1), ("self_forcing_frames", -1),
                        ("self_forcing_min_frames", 3), ("motion_oversample", 0.5), ("motion_min_pixels", 0),
                        ("dynamics_distance", "l3"), ("dynamics_jump_levels", "all"), ("object_loss_weight", -1.0),
-                       ("stage4_self_forcing_fraction", 2.0), ("stage4_self_forcing_min_frames", 17)):
+                       ("stage4_self_forcing_fraction", 2.0), ("stage4_self_forcing_min_frames", 17),
+                       ("stage3_predicted_fraction", 1.5), ("stage3_chain_frames", 0), ("dynamics_pixel_weight", -1.0)):
         bad.write_text(f"train:\n  {key}: {value}\n")
         with pytest.raises(ConfigError, match=key):
             load_config(bad)
@@ -868,9 +949,24 @@ def test_config_errors_name_the_key(tmp_path):
     bad.write_text("train:\n  stage3: {steps: 50}\n  stage4: {steps: 50}\n")  # keys left out keep the stage's defaults
     _, partial = load_config(bad)
     assert (partial.stage3.lr, partial.stage4.lr) == (2e-5, 1e-4)
+    # A variant names its base and states only what it changes, mapping by mapping.
+    (tmp_path / "variant.yaml").write_text("base: ../base/tiny.yaml\nmodel:\n  history_level: 3\n"
+                                           "train:\n  stage3: {steps: 7}\n  dynamics_pixel_weight: 0.5\n")
+    (tmp_path.parent / "base").mkdir(exist_ok=True)
+    (tmp_path.parent / "base" / "tiny.yaml").write_text(TINY.read_text())
+    (model, trained), (base_model, base_trained) = load_config(tmp_path / "variant.yaml"), load_config(TINY)
+    assert model == dataclasses.replace(base_model, history_level=3)
+    assert trained == dataclasses.replace(base_trained, stage3=dataclasses.replace(base_trained.stage3, steps=7),
+                                          dynamics_pixel_weight=0.5)
+    for text, match in (("base: nowhere.yaml\n", "no such config file"), ("base: [a]\n", "base"),
+                        ("base: bad.yaml\n", "back to itself")):
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=match):
+            load_config(bad)
     shipped = sorted((ROOT / "config/models").glob("*.yaml"))
     assert {p.stem for p in shipped} >= {"push_t", "push_t_mse", "push_t_jumps", "push_t_chain", "push_t_deep", "push_t_l1",
                                           "push_t_sampled", "push_t_object", "push_t_residual", "push_t_gated", "push_t_curriculum",
+                                          "push_t_decoder_predicted", "push_t_pixels", "push_t_quiet_history",
                                           "paper_128", "tiny"}
     for path in shipped:
         load_config(path)

@@ -123,7 +123,10 @@ class TrainConfig:
     motion_task: str = "push_t"      # whose object mask says what moved (iws_reference_robot.perception.OBJECT_MASKS)
     motion_min_pixels: int = 6       # object-mask pixels (at the dataset's image size) that must change from the last history frame
     object_loss_weight: float = 0.0  # stage 2: latent cells on the task's object (where it is in the target or was in the last history frame) weigh 1 + this in the dynamics loss
+    dynamics_pixel_weight: float = 0.0  # stages 2 and 4: + this x the pixel MSE of the predicted latent decoded (frozen decoder) against the real frame
     stage3_latent_noise: float = 0.02
+    stage3_predicted_fraction: float = 0.0  # stage 3: share of the batch decoded from the dynamics' own prediction of the frame, not the encoder's latent
+    stage3_chain_frames: int = 4            # that prediction ends a chain of 1..this many own predictions (drawn per batch)
     joint_loss_weight: float = 1.0
     joint_latent_noise: float = 0.02  # the joint head must read predicted (imperfect) latents
     cache_latents: bool = True       # stage 2: encode every frame once before the stage (encoder is frozen)
@@ -141,7 +144,8 @@ class TrainConfig:
                 raise ConfigError(f"{where}.{name}.lr: must be positive, got {stage.lr!r}")
             if not 0 < stage.final_lr_fraction <= 1:
                 raise ConfigError(f"{where}.{name}.final_lr_fraction: must lie in (0, 1], got {stage.final_lr_fraction!r}")
-        for key in ("terminal_fraction", "dynamics_jump_fraction", "self_forcing_fraction", "stage4_self_forcing_fraction"):
+        for key in ("terminal_fraction", "dynamics_jump_fraction", "self_forcing_fraction", "stage4_self_forcing_fraction",
+                    "stage3_predicted_fraction"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"{where}.{key}: must lie in [0, 1], got {getattr(self, key)!r}")
         for key, choices in (("dynamics_jump_levels", ("inference", "uniform")), ("dynamics_distance", ("l2", "l1"))):
@@ -149,6 +153,8 @@ class TrainConfig:
                 raise ConfigError(f"{where}.{key}: must be {' or '.join(map(repr, choices))}, got {getattr(self, key)!r}")
         if not self.motion_oversample >= 1:
             raise ConfigError(f"{where}.motion_oversample: must be >= 1 (1: off), got {self.motion_oversample!r}")
+        if not self.dynamics_pixel_weight >= 0:
+            raise ConfigError(f"{where}.dynamics_pixel_weight: must be >= 0 (0: off), got {self.dynamics_pixel_weight!r}")
         if not self.object_loss_weight >= 0:
             raise ConfigError(f"{where}.object_loss_weight: must be >= 0 (0: off), got {self.object_loss_weight!r}")
         if self.motion_min_pixels < 1:
@@ -160,6 +166,8 @@ class TrainConfig:
             if not 0 <= least <= frames:
                 raise ConfigError(f"{where}.{prefix}self_forcing_min_frames: must lie in [0, {prefix}self_forcing_frames = "
                                   f"{frames}] (0: always {prefix}self_forcing_frames), got {least!r}")
+        if self.stage3_chain_frames < 1:
+            raise ConfigError(f"{where}.stage3_chain_frames: must be >= 1, got {self.stage3_chain_frames!r}")
         if self.checkpoint_every < 1 or self.log_every < 1:
             raise ConfigError(f"{where}: checkpoint_every and log_every must be >= 1")
 
@@ -208,20 +216,43 @@ def model_config_from_dict(data: dict, where: str = "model") -> ModelConfig:
     return cfg
 
 
-def load_config(path: str | Path) -> tuple[ModelConfig, TrainConfig]:
-    """Read a YAML file with ``model:`` and ``train:`` sections."""
-    path = Path(path)
+def _merged(base: dict, over: dict) -> dict:
+    """``over`` on top of ``base``, mapping by mapping (a stage's keys one by one)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """The file's mapping, on top of the file its ``base:`` names (relative to it), if any: a
+    variant of a recipe states only what it changes."""
     if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
+        raise ConfigError(f"{path}: no such config file" + (f" (the base of {seen[-1]})" if seen else ""))
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: its base: chain comes back to itself ({' -> '.join(map(str, seen))})")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with 'model' and 'train'")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base: expected a file name, got {base!r}")
+    return _merged(_read_yaml(path.parent / base, seen + (path.resolve(),)), data)
+
+
+def load_config(path: str | Path) -> tuple[ModelConfig, TrainConfig]:
+    """Read a YAML file with ``model:`` and ``train:`` sections (and optionally ``base:``, another
+    config file these sections override key by key)."""
+    path = Path(path)
+    data = _read_yaml(path)
     unknown = sorted(set(data) - {"model", "train", "description"})
     if unknown:
-        raise ConfigError(f"{path}: unknown top-level key(s) {unknown}; expected 'model' and 'train'")
+        raise ConfigError(f"{path}: unknown top-level key(s) {unknown}; expected 'model', 'train' and 'base'")
     model = model_config_from_dict(data.get("model"), f"{path}: model")
     train = _build(TrainConfig, data.get("train"), f"{path}: train")
     train.validate(f"{path}: train")

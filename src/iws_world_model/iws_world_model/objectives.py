@@ -3,7 +3,8 @@
   1  encoder + decoder on reconstruction (consistency loss, uniform (t, s) mixed with inference jumps)
   2  dynamics (+ joint head), autoencoder frozen: the next latent from K noisy-history latents (with
      self-forcing, the newest of them the model's own predictions for part of the batch)
-  3  decoder fine-tuned on slightly noisy latents, on the inference jumps only
+  3  decoder fine-tuned on slightly noisy latents, on the inference jumps only (optionally, for part
+     of the batch, on the dynamics' own predicted latents)
 (stage 4 trains stage 2's objective again with its own, deeper self-forcing: TrainConfig.for_stage)
 """
 from __future__ import annotations
@@ -63,12 +64,35 @@ class StageObjective(nn.Module):
         return {"loss": self._decoder_loss(image, latent, t, s, w_t, w_s)}
 
     def decoder_finetune_loss(self, batch) -> dict[str, torch.Tensor]:
-        image = self._images(batch).flatten(0, 1)
-        with torch.no_grad():
-            latent = self.network.encoder(image)
-            latent = normalize_latent(latent + self.train_cfg.stage3_latent_noise * torch.randn_like(latent))
+        """The decoder on the inference jumps from the latents it will be given: the encoder's plus
+        a little noise (the paper), and, for ``stage3_predicted_fraction`` of the batch, the
+        dynamics' own prediction of the frame at the end of a chain of 1..``stage3_chain_frames``
+        of them. A rollout's latents are the dynamics' predictions, whose T the decoder trained on
+        encoder latents alone renders as a three-armed blob (docs/architecture.md, stage 3)."""
+        train = self.train_cfg
+        if "latents" in batch:  # windows of cached latents with the last frame's image
+            image, latents = self._images(batch)[:, -1], batch["latents"].float()
+        else:
+            images = self._images(batch)
+            image = images[:, -1]
+            with torch.no_grad():
+                latents = self.network.encoder(images.flatten(0, 1)).reshape(*images.shape[:2], *self._latent_shape())
+        with torch.no_grad():  # randn by shape: the same draws whatever memory layout the encoder gave
+            real = latents[:, -1]
+            latent = normalize_latent(real + train.stage3_latent_noise * torch.randn(real.shape, device=real.device))
+            share = int(round(image.shape[0] * train.stage3_predicted_fraction))
+            if share:
+                depth = int(torch.randint(1, train.stage3_chain_frames + 1, ()))
+                own = self._own_chain(latents, self._actions(batch), share, depth)
+                latent = torch.cat([own[:share, -1], latent[share:]])
         t, s = sample_jump_times(image.shape[0], (1, 2, 3), self.schedule.timesteps, image.device)
         return {"loss": self._decoder_loss(image, latent, t, s)}
+
+    @classmethod
+    def stage3_window(cls, model: ModelConfig, train: TrainConfig) -> int:
+        """Frames per stage-3 window: the target alone, or K real frames and the deepest chain of
+        own predictions ending on it."""
+        return model.window + train.stage3_chain_frames if train.stage3_predicted_fraction > 0 else 1
 
     def dynamics_loss(self, batch) -> dict[str, torch.Tensor]:
         cfg = self.network.config
@@ -130,13 +154,33 @@ class StageObjective(nn.Module):
         else:
             trained = distance.flatten(1).mean(1)
         dynamics = trained.mean()
+        terms = {}
+        if self.train_cfg.dynamics_pixel_weight > 0:
+            terms["pixels"] = self._decoded_error(normalize_latent(prediction), batch)
+            dynamics = dynamics + self.train_cfg.dynamics_pixel_weight * terms["pixels"]
         joints = (joints - self.joint_mean) / self.joint_std
         noisy = normalize_latent(latents + self.train_cfg.joint_latent_noise * torch.randn_like(latents))
         joint = F.mse_loss(self.network.joint_head(noisy.flatten(0, 1), actions.flatten(0, 1)), joints.flatten(0, 1))
         # "dynamics" stays the one-jump error (comparable across runs); "loss" trains every jump.
         one_jump = t[:, -1] == top
         return {"loss": dynamics + self.train_cfg.joint_loss_weight * joint,
-                "dynamics": (per_sample[one_jump] if one_jump.any() else per_sample).mean().detach(), "joint": joint.detach()}
+                "dynamics": (per_sample[one_jump] if one_jump.any() else per_sample).mean().detach(), "joint": joint.detach(),
+                **{k: v.detach() for k, v in terms.items()}}
+
+    def _decoded_error(self, latent: torch.Tensor, batch: dict) -> torch.Tensor:
+        """Pixel MSE of ``latent`` rendered as a rollout renders it (the frozen decoder's one jump
+        from noise) against the real frame, the gradient reaching the dynamics through the decoder.
+        A latent error small in L2 can still turn the decoded T into a three-armed blob (the decoder
+        is sensitive along some latent directions and not others); this term weighs latent errors
+        by what they do to the picture."""
+        if "images" not in batch:
+            raise KeyError("train.dynamics_pixel_weight > 0 needs the target frame's image in the batch "
+                           "(WindowData last_image)")
+        image = self._images(batch)[:, -1]
+        noise = noise_like(image)
+        t = torch.full((image.shape[0],), self.schedule.timesteps - 1, dtype=torch.long, device=image.device)
+        x0 = self.schedule.x0_from_v(noise, t, self.network.decoder(noise, t, torch.zeros_like(t), latent))
+        return (x0 - image).pow(2).mean()
 
     def _object_weighted(self, distance: torch.Tensor, batch: dict) -> torch.Tensor:
         """Per-sample weighted mean of ``distance`` (B, C, L, L): the latent cells the task's object
@@ -160,21 +204,29 @@ class StageObjective(nn.Module):
         up. From n >= K on the whole history is the model's own, n steps deep into a rollout (the
         window then carries n + 2 frames). The target stays the real next frame: the model learns to
         answer from its own imperfect past, which the history noise only imitates. The chain starts
-        from real frames; the rest of the batch is untouched.
+        from real frames; the rest of the batch is untouched."""
+        train = self.train_cfg
+        share = int(round(history.shape[0] * train.self_forcing_fraction))
+        frames = self.chain_depth(self.network.config, train)
+        if train.self_forcing_min_frames and frames > train.self_forcing_min_frames:
+            frames = int(torch.randint(train.self_forcing_min_frames, frames + 1, ()))
+        return self._own_chain(history, actions, share, frames)[:, -self.network.config.window:]
+
+    @torch.no_grad()
+    def _own_chain(self, latents: torch.Tensor, actions: torch.Tensor, share: int, frames: int) -> torch.Tensor:
+        """``latents`` (B, L, ...) with, for the first ``share`` of the batch, the newest ``frames``
+        replaced by the model's own chained one-jump predictions, each from the (partly own) frames
+        before it and the frame's producing command, started from real frames.
 
         Like streaming inference, each prediction runs only the frames it has not seen, over the
         dynamics' key/value cache (the same numbers as recomputing the window, fewer passes)."""
-        cfg, train = self.network.config, self.train_cfg
-        b, length, k = history.shape[0], history.shape[1], cfg.window
-        share = int(round(b * train.self_forcing_fraction))
-        frames = self.chain_depth(cfg, train)
-        if train.self_forcing_min_frames and frames > train.self_forcing_min_frames:
-            frames = int(torch.randint(train.self_forcing_min_frames, frames + 1, ()))
+        cfg = self.network.config
+        length, k = latents.shape[1], cfg.window
         first = max(1, length - frames)
         if share == 0 or first >= length:
-            return history[:, -k:]
-        top, dev = self.schedule.timesteps - 1, history.device
-        own = history[:share].clone()
+            return latents
+        top, dev = self.schedule.timesteps - 1, latents.device
+        own = latents[:share].clone()
         cache = self.network.dynamics.new_cache()
         unseen = min(first, k)  # the real frames the cache has not taken in (the first prediction sees K of them)
         for j in range(first, length):
@@ -188,7 +240,7 @@ class StageObjective(nn.Module):
                                       last_only=True)[:, -1]
             own[:, j] = normalize_latent(next_latent_estimate(cfg, self.schedule, noise, t[:, -1], v, own[:, j - 1]))
             unseen = 1
-        return torch.cat([own, history[share:]])[:, -k:]
+        return torch.cat([own, latents[share:]])
 
     @staticmethod
     def chain_depth(model: ModelConfig, train: TrainConfig) -> int:

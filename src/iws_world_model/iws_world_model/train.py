@@ -43,10 +43,12 @@ class WindowData(torch.utils.data.Dataset):
     produced it (the previous frame's command; an episode's first frame carries its own)."""
 
     def __init__(self, dataset: Dataset, length: int, split: str = "train", latents: torch.Tensor | None = None,
-                 object_cells: torch.Tensor | None = None):
-        """``latents``: every frame already encoded (stage 2); windows then carry latents, not images.
+                 object_cells: torch.Tensor | None = None, last_image: bool = False):
+        """``latents``: every frame already encoded (stage 2); windows then carry latents, not images,
+        and with ``last_image`` the last frame's image too (stage 3 decodes it from a prediction).
         ``object_cells``: every frame's object mask at latent resolution; windows then carry it too."""
         self.dataset, self.length, self.latents, self.object_cells = dataset, length, latents, object_cells
+        self.last_image = last_image
         self.starts = dataset.windows(length, split)
         first = np.zeros(len(dataset), dtype=bool)
         first[[e.start for e in dataset.episodes]] = True
@@ -60,6 +62,8 @@ class WindowData(torch.utils.data.Dataset):
         d = self.dataset
         pixels = {"images": torch.from_numpy(np.array(d.images[frames]))} if self.latents is None else \
             {"latents": self.latents[frames]}
+        if self.latents is not None and self.last_image:
+            pixels["images"] = torch.from_numpy(np.array(d.images[frames.stop - 1:frames.stop]))
         if self.object_cells is not None:
             pixels["object_cells"] = self.object_cells[frames]
         return {**pixels,
@@ -245,15 +249,18 @@ class Trainer:
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids)
-        length = StageObjective.window_length(self.model_cfg, cfg) if trains == 2 else 1
+        length = StageObjective.window_length(self.model_cfg, cfg) if trains == 2 else \
+            StageObjective.stage3_window(self.model_cfg, cfg) if trains == 3 else 1
+        chained = trains == 2 or length > 1  # windows of latents: the dynamics runs over them
         weights = object_cells = None
         oversample, weigh_cells = cfg.motion_oversample > 1, cfg.object_loss_weight > 0
         if trains == 2 and (oversample or weigh_cells):  # before encoding: a bad task fails fast
             changed, object_cells = self.object_masks()
             if oversample:
                 weights = motion_weights(WindowData(self.dataset, length, "train"), cfg, changed)
-        latents = self.dataset_latents() if trains == 2 and cfg.cache_latents else None
-        data = WindowData(self.dataset, length, "train", latents, object_cells)
+        latents = self.dataset_latents() if chained and cfg.cache_latents else None
+        data = WindowData(self.dataset, length, "train", latents, object_cells,
+                          last_image=trains == 3 or cfg.dynamics_pixel_weight > 0)
         if len(data) == 0:
             raise DatasetError(f"{self.dataset.root}: no training window of {length} frames for stage {stage}")
         if weights is not None and self.rank == 0:
