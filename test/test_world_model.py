@@ -406,6 +406,12 @@ def test_stage3_decodes_the_dynamics_own_predictions(tmp_path, dataset_dir, run_
     assert len(encoded) == 1
     stats = json.loads((out / checkpoint.CONFIG).read_text())["training"]["stages"]["3"]
     assert stats["steps"] == 6 and np.isfinite(stats["loss_last"])
+    # --stage all renders the final dynamics: stage 3 runs after stage 4 when it decodes predictions.
+    _, with_stage4 = load_config(cfg_path)
+    with_stage4.stage4.steps = 5
+    assert train.all_stages(with_stage4) == [1, 2, 4, 3]
+    assert train.all_stages(load_config(TINY)[1]) == [1, 2, 3]
+    assert train.all_stages(dataclasses.replace(with_stage4, stage3_predicted_fraction=0.0)) == [1, 2, 3, 4]
 
 
 def test_dynamics_pixel_weight_trains_the_dynamics_through_the_frozen_decoder(tmp_path, dataset_dir, run_dir):

@@ -67,8 +67,9 @@ class StageObjective(nn.Module):
         """The decoder on the inference jumps from the latents it will be given: the encoder's plus
         a little noise (the paper), and, for ``stage3_predicted_fraction`` of the batch, the
         dynamics' own prediction of the frame at the end of a chain of 1..``stage3_chain_frames``
-        of them. A rollout's latents are the dynamics' predictions, whose T the decoder trained on
-        encoder latents alone renders as a three-armed blob (docs/architecture.md, stage 3)."""
+        of them. A rollout's latents are the dynamics' predictions, which differ from the encoder's
+        in ways the paper's small noise does not cover: push_t_curriculum's open loop gains 0.4 dB
+        from it (docs/architecture.md, stage3_predicted_fraction)."""
         train = self.train_cfg
         if "latents" in batch:  # windows of cached latents with the last frame's image
             image, latents = self._images(batch)[:, -1], batch["latents"].float()

@@ -368,6 +368,15 @@ def training_device(name: str | None) -> torch.device:
     return device
 
 
+def all_stages(train_cfg: TrainConfig) -> list[int]:
+    """What --stage all runs: 1, 2, 3, then 4 where the config gives it steps; a stage 3 that
+    decodes the dynamics' own predictions (stage3_predicted_fraction) runs after stage 4, over the
+    dynamics it will render."""
+    if train_cfg.stage4.steps == 0:
+        return [1, 2, 3]
+    return [1, 2, 4, 3] if train_cfg.stage3_predicted_fraction > 0 else [1, 2, 3, 4]
+
+
 def stage_plan(text: str):
     """--stage: "all", or stages in training order ("2", "2,4")."""
     if text == "all":
@@ -388,8 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="run directory, e.g. runs/NAME")
     p.add_argument("--stage", default="all", type=stage_plan,
                    help="all: 1, 2, 3, then 4 where the config gives it steps (4: the dynamics again on deep "
-                        "self-forcing chains); one stage, or several in order, e.g. 2,4 (the dynamics stages "
-                        "over an --init-autoencoder)")
+                        "self-forcing chains; 3 after 4 where stage 3 decodes the dynamics' predictions); one "
+                        "stage, or several in order, e.g. 2,4 (the dynamics stages over an --init-autoencoder)")
     p.add_argument("--steps", type=int, default=None, help="override the steps of each selected stage")
     p.add_argument("--batch-size", type=int, default=None,
                    help="override the batch size of each selected stage (a GPU takes far more than the CPU's 16)")
@@ -424,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             train_cfg.seed = args.seed
         dataset = Dataset(args.data)
         out = Path(args.out)
-        plan = ([1, 2, 3] + ([4] if train_cfg.stage4.steps > 0 else [])) if args.stage == "all" else args.stage
+        plan = all_stages(train_cfg) if args.stage == "all" else args.stage
         overrides = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr}
         for key, value in overrides.items():
             if value is not None:
