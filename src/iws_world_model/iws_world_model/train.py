@@ -45,7 +45,8 @@ class WindowData(torch.utils.data.Dataset):
     def __init__(self, dataset: Dataset, length: int, split: str = "train", latents: torch.Tensor | None = None,
                  object_cells: torch.Tensor | None = None, last_image: bool = False):
         """``latents``: every frame already encoded (stage 2); windows then carry latents, not images,
-        and with ``last_image`` the last frame's image too (stage 3 decodes it from a prediction).
+        and with ``last_image`` the last frame's image too (the target of stage 3 on predicted latents
+        and of the dynamics' pixel term).
         ``object_cells``: every frame's object mask at latent resolution; windows then carry it too."""
         self.dataset, self.length, self.latents, self.object_cells = dataset, length, latents, object_cells
         self.last_image = last_image
