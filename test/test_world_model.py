@@ -956,15 +956,16 @@ def test_config_errors_name_the_key(tmp_path):
     _, partial = load_config(bad)
     assert (partial.stage3.lr, partial.stage4.lr) == (2e-5, 1e-4)
     # A variant names its base and states only what it changes, mapping by mapping.
-    (tmp_path / "variant.yaml").write_text("base: ../base/tiny.yaml\nmodel:\n  history_level: 3\n"
-                                           "train:\n  stage3: {steps: 7}\n  dynamics_pixel_weight: 0.5\n")
-    (tmp_path.parent / "base").mkdir(exist_ok=True)
-    (tmp_path.parent / "base" / "tiny.yaml").write_text(TINY.read_text())
-    (model, trained), (base_model, base_trained) = load_config(tmp_path / "variant.yaml"), load_config(TINY)
+    for folder in ("recipes", "variants"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "recipes" / "tiny.yaml").write_text(TINY.read_text())
+    (tmp_path / "variants" / "variant.yaml").write_text("base: ../recipes/tiny.yaml\nmodel:\n  history_level: 3\n"
+                                                        "train:\n  stage3: {steps: 7}\n  dynamics_pixel_weight: 0.5\n")
+    (model, trained), (base_model, base_trained) = load_config(tmp_path / "variants" / "variant.yaml"), load_config(TINY)
     assert model == dataclasses.replace(base_model, history_level=3)
     assert trained == dataclasses.replace(base_trained, stage3=dataclasses.replace(base_trained.stage3, steps=7),
                                           dynamics_pixel_weight=0.5)
-    for text, match in (("base: nowhere.yaml\n", "no such config file"), ("base: [a]\n", "base"),
+    for text, match in (("base: nowhere.yaml\n", "no such config file"), ("base: [a]\n", "expected a file name"),
                         ("base: bad.yaml\n", "back to itself")):
         bad.write_text(text)
         with pytest.raises(ConfigError, match=match):
