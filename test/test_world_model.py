@@ -364,8 +364,8 @@ def test_stage3_decodes_the_dynamics_own_predictions(tmp_path, dataset_dir, run_
     cfg_path.write_text(TINY.read_text() + "  stage3_predicted_fraction: 0.5\n  stage3_chain_frames: 3\n")
     model_cfg, train_cfg = load_config(cfg_path)
     k = model_cfg.window
-    assert train.StageObjective.stage3_window(model_cfg, train_cfg) == k + 3
-    assert train.StageObjective.stage3_window(*load_config(TINY)) == 1  # off: the paper's stage 3, one frame
+    assert train.StageObjective.window_length(model_cfg, train_cfg, 3) == k + 3
+    assert train.StageObjective.window_length(*load_config(TINY), 3) == 1  # off: the paper's stage 3, one frame
     trainer = train.Trainer(model_cfg, train_cfg, Dataset(dataset_dir), tmp_path / "unused", torch.device("cpu"))
     trainer.load_weights(run_dir)
     objective = train.StageObjective(trainer.network, 3, train_cfg, trainer.normalization)

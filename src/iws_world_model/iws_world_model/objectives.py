@@ -89,12 +89,6 @@ class StageObjective(nn.Module):
         t, s = sample_jump_times(image.shape[0], (1, 2, 3), self.schedule.timesteps, image.device)
         return {"loss": self._decoder_loss(image, latent, t, s)}
 
-    @classmethod
-    def stage3_window(cls, model: ModelConfig, train: TrainConfig) -> int:
-        """Frames per stage-3 window: the target alone, or K real frames and the deepest chain of
-        own predictions ending on it."""
-        return model.window + train.stage3_chain_frames if train.stage3_predicted_fraction > 0 else 1
-
     def dynamics_loss(self, batch) -> dict[str, torch.Tensor]:
         cfg = self.network.config
         if "latents" in batch:  # encoded once before the stage (the encoder is frozen here)
@@ -177,7 +171,7 @@ class StageObjective(nn.Module):
         if "images" not in batch:
             raise KeyError("train.dynamics_pixel_weight > 0 needs the target frame's image in the batch "
                            "(WindowData last_image)")
-        image = self._images(batch)[:, -1]
+        image = self._images({"images": batch["images"][:, -1]})  # the target alone, whatever the window carries
         noise = noise_like(image)
         t = torch.full((image.shape[0],), self.schedule.timesteps - 1, dtype=torch.long, device=image.device)
         x0 = self.schedule.x0_from_v(noise, t, self.network.decoder(noise, t, torch.zeros_like(t), latent))
@@ -251,10 +245,16 @@ class StageObjective(nn.Module):
         return train.self_forcing_frames if active else 0
 
     @classmethod
-    def window_length(cls, model: ModelConfig, train: TrainConfig) -> int:
-        """Frames per stage-2 window: K history frames and the target, or more when the self-forced
-        chain is deeper than the history (it needs one real frame to start from)."""
-        return max(model.window, cls.chain_depth(model, train) + 1) + 1
+    def window_length(cls, model: ModelConfig, train: TrainConfig, stage: int = 2) -> int:
+        """Frames per window of the objective ``stage`` trains. 2: K history frames and the target,
+        or more when the self-forced chain is deeper than the history (it needs one real frame to
+        start from). 3 on predicted latents: K real frames and the deepest chain of own predictions
+        ending on the target. Otherwise the frame alone."""
+        if stage == 2:
+            return max(model.window, cls.chain_depth(model, train) + 1) + 1
+        if stage == 3 and train.stage3_predicted_fraction > 0:
+            return model.window + train.stage3_chain_frames
+        return 1
 
     def _latent_shape(self):
         cfg = self.network.config

@@ -250,16 +250,15 @@ class Trainer:
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids)
-        length = StageObjective.window_length(self.model_cfg, cfg) if trains == 2 else \
-            StageObjective.stage3_window(self.model_cfg, cfg) if trains == 3 else 1
-        chained = trains == 2 or length > 1  # windows of latents: the dynamics runs over them
+        length = StageObjective.window_length(self.model_cfg, cfg, trains)
         weights = object_cells = None
         oversample, weigh_cells = cfg.motion_oversample > 1, cfg.object_loss_weight > 0
         if trains == 2 and (oversample or weigh_cells):  # before encoding: a bad task fails fast
             changed, object_cells = self.object_masks()
             if oversample:
                 weights = motion_weights(WindowData(self.dataset, length, "train"), cfg, changed)
-        latents = self.dataset_latents() if chained and cfg.cache_latents else None
+        # Windows of several frames are the dynamics' (stage 2, or stage 3 on its predictions): latents.
+        latents = self.dataset_latents() if length > 1 and cfg.cache_latents else None
         data = WindowData(self.dataset, length, "train", latents, object_cells,
                           last_image=trains == 3 or cfg.dynamics_pixel_weight > 0)
         if len(data) == 0:
