@@ -845,6 +845,36 @@ def test_commands_are_limited_to_what_the_drive_can_follow(run_dir, dataset_dir)
     np.testing.assert_array_equal(limited.step(far)[0], plain.step(reached)[0])  # the far command acts as the reachable one
 
 
+def test_snap_keeps_the_cells_the_dynamics_barely_moves(run_dir, dataset_dir):
+    images, joints, actions, future = episode_start(dataset_dir, 3)
+    plain = WorldModel.load(run_dir)
+    plain.reset(images, joints, actions, seed=0)
+    before = plain.latent.clone()
+    plain.step(future[0])
+    first = plain.latent.clone()
+    moved = (first - before).norm(dim=-3)                          # (1, h, w) per-cell move, unsnapped
+    threshold = float(moved.quantile(0.9))                         # most cells stay put
+    snapped = WorldModel.load(run_dir, snap_threshold=threshold)
+    snapped.reset(images, joints, actions, seed=0)
+    snapped.step(future[0])
+    near_moved = torch.nn.functional.max_pool2d((moved >= threshold).float(), 3, stride=1, padding=1) > 0
+    still = (~near_moved).unsqueeze(-3).expand_as(before)       # still, and no neighbour moved either
+    assert 0 < still[:, 0].float().mean() < (moved < threshold).float().mean()
+    assert torch.equal(snapped.latent[still], before[still])       # an exact copy, not a nearby value
+    assert torch.equal(snapped.latent[~still], first[~still])      # the rest as the dynamics put it
+    # The snapped latent is what the next step sees as history: the rollouts go on apart.
+    for action in future[1:4]:
+        plain.step(action), snapped.step(action)
+    assert not torch.equal(plain.latent, snapped.latent)
+    off = WorldModel.load(run_dir, snap_threshold=0.0)
+    off.reset(images, joints, actions, seed=0)
+    off.step(future[0])
+    assert torch.equal(off.latent, first)                          # 0 is off: the plain step
+    for bad in (-0.1, float("nan"), 2.0):
+        with pytest.raises(ConfigError, match="snap_threshold"):
+            WorldModel.load(run_dir, snap_threshold=bad)
+
+
 def test_consistency_schedule_and_jump():
     sched = Schedule()
     ab = sched.alpha_bar

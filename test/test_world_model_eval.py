@@ -121,6 +121,20 @@ def test_history_level_override_labels_the_history_and_is_checked(tiny_world_mod
     assert code == 2 and "history_level" in capsys.readouterr().err
 
 
+def test_snap_threshold_reaches_openloop_and_longrun_and_is_checked(tiny_world_model, dataset_dir, tmp_path, capsys):
+    report = evaluate.openloop(tiny_world_model, dataset_dir, episodes=1, horizon=2, out=tmp_path, videos=0,
+                               snap_threshold=0.3, progress=False)
+    assert report["protocol"]["snap_threshold"] == 0.3
+    for main, extra in ((evaluate.openloop_main, ["--data", str(dataset_dir)]),
+                        (evaluate.longrun_main, ["--minutes", "0.01", "--rate", "10"])):
+        code = main(["--model", str(tiny_world_model), *extra, "--snap-threshold", "-1", "--out", str(tmp_path)])
+        assert code == 2 and "snap_threshold" in capsys.readouterr().err
+    code = evaluate.longrun_main(["--model", str(tiny_world_model), "--minutes", "0.01", "--rate", "10",
+                                  "--snap-threshold", "0.3", "--out", str(tmp_path / "longrun")])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "longrun" / "longrun.json").read_text())["protocol"]["snap_threshold"] == 0.3
+
+
 def test_reencode_feeds_the_dynamics_the_latent_of_the_frame_it_rendered(tiny_world_model, dataset_dir, tmp_path):
     world = WorldModel.load(tiny_world_model)
     cut = evaluate.load_open_loop_data(Dataset(dataset_dir), world.config.window, 4, 2, world.image_size)

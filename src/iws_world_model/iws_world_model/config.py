@@ -38,6 +38,7 @@ class ModelConfig:
     action_map_channels: int = 0            # >0: the action also enters as a spatial map of this many channels
     history_level: int = 15                 # noise label of (clean) history frames at inference
     history_noise_max: int = 99             # training noises history at t = s in 1..this
+    snap_threshold: float = 0.0             # inference: a latent cell predicted to move less than this keeps its value (0: off)
     joint_head_channels: int = 32
     joint_head_hidden: int = 128
     joint_head_action: bool = False         # the joint head also reads the command that produced the frame
@@ -86,6 +87,10 @@ class ModelConfig:
             bad("history_noise_max", f"history noise levels must lie in 1..{self.timesteps - 1}, got {self.history_noise_max}")
         if not 0 <= self.history_level < self.timesteps:
             bad("history_level", f"the history's noise label must lie in 0..{self.timesteps - 1}, got {self.history_level}")
+        if (isinstance(self.snap_threshold, bool) or not isinstance(self.snap_threshold, (int, float))
+                or not 0 <= self.snap_threshold < 2):
+            bad("snap_threshold", f"must be a number in [0, 2) (0: off; latent cells are unit vectors), "
+                                  f"got {self.snap_threshold!r}")
 
 
 @dataclasses.dataclass

@@ -359,12 +359,14 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
              seed: int = 0, split: str = "val", pose: bool = True, device: str | None = None,
              progress: bool = True, dynamics_steps: int | None = None, autoencoder: bool = False,
              one_step: bool = False, history_level: int | None = None, reencode: bool = False,
-             physics_nudge: tuple[float, ...] = (), seed_spread: bool = False) -> dict:
+             physics_nudge: tuple[float, ...] = (), seed_spread: bool = False,
+             snap_threshold: float | None = None) -> dict:
     """Run the open-loop protocol; writes OUT/openloop.json and the videos, returns the report.
     ``dynamics_steps`` overrides the model's consistency jumps per step (not the MSE baseline's);
     ``autoencoder`` adds the reconstructed real frames as a reference row (the dynamics' ceiling);
     ``one_step`` adds the model's one-step predictions from real history (teacher forcing);
     ``history_level`` overrides the noise label of the model's history at inference;
+    ``snap_threshold`` overrides the model's (latent cells that barely move keep their value);
     ``physics_nudge`` adds, per size, the reference simulator's own replay, the T nudged by that many mm / deg;
     ``seed_spread`` rolls the model out again under seed + 1 and reports how far the two rollouts differ."""
     started = time.time()
@@ -376,7 +378,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
     device = device or default_device()
     try:
         world = WorldModel.load(model, device, dynamics_steps=dynamics_steps, history_level=history_level,
-                               reencode=reencode)
+                               reencode=reencode, snap_threshold=snap_threshold)
     except ValueError as exc:  # an override outside the config's rules
         raise EvalError(str(exc)) from exc
     dataset = Dataset(data)
@@ -466,7 +468,8 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
             "episodes_per_step": cut.valid.sum(0), "seed": seed, "device": str(world.device),
             "psnr_cap_db": metrics.PSNR_CAP_DB, "decode_steps": world.decode_steps,
             "dynamics_steps": world.dynamics_steps,
-            "history_level": world.history_level, "reencode": world.reencode, "physics_nudge": list(physics_nudge),
+            "history_level": world.history_level, "reencode": world.reencode, "snap_threshold": world.snap_threshold,
+            "physics_nudge": list(physics_nudge),
             "seed_spread": seed + 1 if seed_spread else None,
             "pose_metrics": pose_note or "T pose by iws_reference_robot.perception on frames upscaled to the camera "
                                          "size; errors over frames where the T is found in both"},
@@ -550,6 +553,9 @@ def openloop_main(argv: list[str] | None = None) -> int:
                    help="feed the dynamics the encoder's latent of each rendered frame instead of its predicted latent")
     p.add_argument("--history-level", type=int, default=None,
                    help="noise level the history is labelled with at inference (default: the model config's history_level)")
+    p.add_argument("--snap-threshold", type=float, default=None,
+                   help="latent cells the dynamics moves less than this keep their value; 0 = off "
+                        "(default: the model config's snap_threshold)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -557,7 +563,7 @@ def openloop_main(argv: list[str] | None = None) -> int:
         report = openloop(args.model, args.data, args.episodes, args.horizon, args.baseline_mse, args.out, args.videos,
                           args.seed, args.split, not args.no_pose, args.device, dynamics_steps=args.dynamics_steps,
                           autoencoder=args.autoencoder, one_step=args.one_step, history_level=args.history_level,
-                          reencode=args.reencode,
+                          reencode=args.reencode, snap_threshold=args.snap_threshold,
                           physics_nudge=args.physics_nudge, seed_spread=args.seed_spread)
     except (EvalError, DatasetError, CheckpointError) as exc:
         print(f"iws eval openloop: error: {exc}", file=sys.stderr)

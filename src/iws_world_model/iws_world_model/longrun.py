@@ -23,6 +23,7 @@ from iws_data.dataset import Dataset, DatasetError
 
 from . import metrics
 from .checkpoint import CheckpointError
+from .config import ConfigError
 from .evaluate import EvalError, progress_bar, default_device, load_robot_profile, resize
 from .start_windows import StartWindowError, load_start_windows
 from .world_model import WorldModel, upscale
@@ -42,7 +43,7 @@ def reference_frames(model: str | Path, size: int, data: str | Path | None, samp
 def longrun(model: str | Path, minutes: float = 10.0, rate: float | None = None, out: str | Path | None = None, seed: int = 0,
             data: str | Path | None = None, start_window: int = 0, video_every: int | None = None,
             margin: float = 0.25, min_fraction: float = 0.95, device: str | None = None, progress: bool = True,
-            dynamics_steps: int | None = None) -> dict:
+            dynamics_steps: int | None = None, snap_threshold: float | None = None) -> dict:
     """Closed loop: the pixel push_t expert drives the model from its own (upscaled) frames.
 
     The expert's command goes through the same JointCommandFollower as the ROS node (clamping,
@@ -53,7 +54,11 @@ def longrun(model: str | Path, minutes: float = 10.0, rate: float | None = None,
     from iws_reference_robot.pixel_expert import PushTExpertPolicy
 
     started = time.time()
-    world = WorldModel.load(model, device or default_device(), dynamics_steps=dynamics_steps)
+    try:
+        world = WorldModel.load(model, device or default_device(), dynamics_steps=dynamics_steps,
+                                snap_threshold=snap_threshold)
+    except ConfigError as exc:  # an override outside the config's rules
+        raise EvalError(str(exc)) from exc
     meta_dataset = world.meta.get("dataset", {})
     profile = load_robot_profile(meta_dataset.get("profile"))
     rate = rate or meta_dataset.get("control_rate_hz") or profile.control_rate_hz  # one model step = one data period
@@ -146,7 +151,9 @@ def longrun(model: str | Path, minutes: float = 10.0, rate: float | None = None,
         "protocol": {"model": str(model), "minutes": minutes, "rate_hz": rate, "steps": steps, "steps_run": done,
                      "seed": seed, "start_window": start_window, "policy": "push_t pixel expert (holds its last "
                      "command while the T is not found)", "profile": profile.name, "camera_size": [cam_h, cam_w],
-                     "image_size": world.image_size, "dynamics_steps": world.dynamics_steps, "device": str(world.device), "min_in_distribution_fraction": min_fraction},
+                     "image_size": world.image_size, "dynamics_steps": world.dynamics_steps,
+                     "snap_threshold": world.snap_threshold, "device": str(world.device),
+                     "min_in_distribution_fraction": min_fraction},
         "reference": reference,
         "minutes": minutes_report,
         "in_distribution_all_minutes": healthy,
@@ -180,13 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--dynamics-steps", type=int, choices=(1, 2, 3), default=None,
                    help="consistency jumps per predicted latent (default: the model's)")
+    p.add_argument("--snap-threshold", type=float, default=None,
+                   help="latent cells the dynamics moves less than this keep their value; 0 = off "
+                        "(default: the model config's snap_threshold)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         report = longrun(args.model, args.minutes, args.rate, args.out, args.seed, args.data, args.start_window,
                          args.video_every, args.margin, args.min_fraction, args.device,
-                         dynamics_steps=args.dynamics_steps)
+                         dynamics_steps=args.dynamics_steps, snap_threshold=args.snap_threshold)
     except (EvalError, DatasetError, CheckpointError, StartWindowError) as exc:
         print(f"iws eval longrun: error: {exc}", file=sys.stderr)
         return 2
