@@ -380,12 +380,29 @@ def test_experiment_reports_from_cached_evaluations(tmp_path, monkeypatch):
                                                            "ci95": [0, 1], "seconds": 1.0, "truth_success_rate": rate,
                                                            "per_episode": [{"pixel_best_score": rate / 2}]}))
     result = correlation({n: f"/ckpt/{n}" for n in rates}, tmp_path / "corr", 4, 9, 1, None)
+    assert result["policies"][0]["episode_agreement"]["episodes"] == 0  # no per-episode verdicts: nothing to pair
     assert result["pearson_r"] > 0.9 and result["mmrv"] == 0.0 and result["pearson_r_coverage"] > 0.9
     assert result["pearson_r_reference_truth"] > 0.9 and "ground truth" in (tmp_path / "corr" / "README.md").read_text()
     assert not result["bar_met"], "the bar needs at least 8 policies"
     assert (tmp_path / "corr" / "correlation.png").stat().st_size > 0 and "Pearson r" in (tmp_path / "corr" / "README.md").read_text()
     import shutil
     shutil.copytree(tmp_path / "corr", tmp_path / "mix")
+
+    # Episode by episode: equal rates, verdicts that agree no more than chance.
+    from iws_policy.experiments import episode_agreement
+    episode = lambda seed, success, score: {"seed": seed, "success": success, "pixel_best_score": score}
+    robot = {"per_episode": [episode(s, s % 2 == 0, 0.9 if s % 2 == 0 else 0.3) for s in range(8)]}
+    same = {"per_episode": list(reversed(robot["per_episode"]))}  # paired by seed, not by position
+    crossed = {"per_episode": [episode(s, s < 4, 0.9 if s < 4 else 0.3) for s in range(8)]}
+    assert episode_agreement(robot, same) == {"episodes": 8, "agreement": 1.0, "kappa": 1.0, "coverage_r": pytest.approx(1.0),
+                                              "both": 4, "robot_only": 0, "world_model_only": 0, "neither": 4}
+    crossed_agreement = episode_agreement(robot, crossed)
+    assert crossed_agreement["agreement"] == 0.5 and crossed_agreement["kappa"] == pytest.approx(0.0)
+    assert (crossed_agreement["both"], crossed_agreement["robot_only"], crossed_agreement["world_model_only"]) == (2, 2, 2)
+    constant = episode_agreement(robot, {"per_episode": [episode(s, True, 1.0) for s in range(8)]})
+    assert constant["kappa"] == pytest.approx(0.0) and math.isnan(constant["coverage_r"])  # a side that always wins
+    everywhere = {"per_episode": [episode(s, True, 1.0) for s in range(8)]}
+    assert math.isnan(episode_agreement(everywhere, everywhere)["kappa"])  # both constant: chance is everything
     mix = datamix({"a": "/ckpt/a", "c": "/ckpt/c"}, {"a": 0.0, "c": 1.0}, tmp_path / "mix", 4, 9, 1)
     assert mix["wm_over_real"] == pytest.approx(0.1 / 0.8) and not mix["bar_met"]
     assert mix["wm_over_real_coverage"] == pytest.approx(0.1 / 0.8)

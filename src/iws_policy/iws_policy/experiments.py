@@ -90,6 +90,30 @@ def mmrv(sim, real) -> float:
     return float(np.mean(worst)) if n else float("nan")
 
 
+def episode_agreement(real: dict, sim: dict) -> dict:
+    """Episode by episode, how the world model's verdicts match the robot's from the same initial
+    states: equal success rates can hide verdicts that agree no more than chance. Pairs episodes by
+    seed; ``kappa`` is Cohen's (agreement beyond what the two rates give by chance: 0 for a side
+    whose verdict never changes; nan when both never change), ``coverage_r`` the Pearson r of the
+    episodes' best scores."""
+    by_seed = {e.get("seed", i): e for i, e in enumerate(sim.get("per_episode", []))}
+    pairs = [(e, by_seed[e.get("seed", i)]) for i, e in enumerate(real.get("per_episode", []))
+             if e.get("seed", i) in by_seed and "success" in e and "success" in by_seed[e.get("seed", i)]]
+    if not pairs:
+        return {"episodes": 0, "agreement": float("nan"), "kappa": float("nan"), "coverage_r": float("nan"),
+                "both": 0, "robot_only": 0, "world_model_only": 0, "neither": 0}
+    r = np.array([bool(a["success"]) for a, _ in pairs])
+    w = np.array([bool(b["success"]) for _, b in pairs])
+    agreement = float((r == w).mean())
+    chance = float(r.mean() * w.mean() + (1 - r.mean()) * (1 - w.mean()))
+    kappa = (agreement - chance) / (1 - chance) if chance < 1 else float("nan")
+    coverage_r = pearson([a.get("pixel_best_score", np.nan) for a, _ in pairs],
+                         [b.get("pixel_best_score", np.nan) for _, b in pairs])
+    return {"episodes": len(pairs), "agreement": agreement, "kappa": kappa, "coverage_r": coverage_r,
+            "both": int((r & w).sum()), "robot_only": int((r & ~w).sum()),
+            "world_model_only": int((~r & w).sum()), "neither": int((~r & ~w).sum())}
+
+
 def _json(value):
     """NaN (a correlation of constant rates) as null, so the files are strict JSON."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -195,6 +219,7 @@ def correlation(policies: dict[str, str], out: Path, episodes: int, steps: int, 
                      "reference_coverage": mean_best_coverage(real), "world_model_coverage": mean_best_coverage(sim),
                      "world_model_object_lost_rate": sim.get("object_lost_rate"),
                      "world_model_ignoring_loss": sim.get("success_rate_ignoring_loss"),
+                     "episode_agreement": episode_agreement(real, sim),
                      "eval_seconds": real["seconds"] + sim["seconds"], "training": _train_info(checkpoint)})
         result = _correlation_report(rows, len(policies), out, episodes, steps, seed, model, action_horizon)
     return result
@@ -203,6 +228,14 @@ def correlation(policies: dict[str, str], out: Path, episodes: int, steps: int, 
 def _r_text(value: float, why: str = "every rate is the same") -> str:
     """A Pearson r for the report, or why it is undefined (nan: a constant side)."""
     return f"{value:.3f}" if math.isfinite(value) else f"undefined ({why})"
+
+
+def _agreement_text(agreement: dict | None) -> str:
+    if not agreement or not agreement["episodes"]:
+        return "-"
+    kappa = agreement["kappa"]
+    return (f"{agreement['agreement']:.2f} of {agreement['episodes']} "
+            f"({f'{kappa:.2f}' if math.isfinite(kappa) else 'undefined'})")
 
 
 def _horizon_text(action_horizon: int | None) -> str:
@@ -249,18 +282,26 @@ def _correlation_report(rows, planned, out, episodes, steps, seed, model, action
              f"Success counts frames until the T goes unfound for {LOST_FRAMES} frames in a row (rare on the reference robot). "
              f"{len(rows)} of {planned} planned policies evaluated; {_horizon_text(action_horizon)}.", "",
              "| policy | success: world model | success: reference | reference, ground truth | coverage: world model | "
-             "coverage: reference | world model lost the T | world-model success counting frames after the loss | eval s (both) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "coverage: reference | world model lost the T | world-model success counting frames after the loss | "
+             "verdicts agree (kappa) | episode coverage r | eval s (both) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['name']} | {r['world_model']:.2f} | {r['reference']:.2f} | {_rate(r.get('reference_truth'))} | "
               f"{r['world_model_coverage']:.3f} | "
               f"{r['reference_coverage']:.3f} | {_rate(r.get('world_model_object_lost_rate'))} | "
-              f"{_rate(r.get('world_model_ignoring_loss'))} | {r['eval_seconds']:.0f} |" for r in rows]
-    lines += ["", f"Success rates: Pearson r = {_r_text(result['pearson_r'], 'every success rate is the same')}, "
+              f"{_rate(r.get('world_model_ignoring_loss'))} | {_agreement_text(r.get('episode_agreement'))} | "
+              f"{_r_text(r.get('episode_agreement', {}).get('coverage_r', float('nan')), 'a constant side')} | "
+              f"{r['eval_seconds']:.0f} |" for r in rows]
+    one = "one policy" if len(rows) < 2 else None  # r needs two points before it needs them to differ
+    lines += ["", f"Success rates: Pearson r = {_r_text(result['pearson_r'], one or 'every success rate is the same')}, "
               f"MMRV = {result['mmrv']:.3f} "
               f"(bar: r >= 0.9 over at least 8 policies: {'met' if result['bar_met'] else 'not met'}). "
-              f"Mean best coverage: Pearson r = {_r_text(result['pearson_r_coverage'])}, MMRV = {result['mmrv_coverage']:.3f}. "
+              f"Mean best coverage: Pearson r = {_r_text(result['pearson_r_coverage'], one or 'every rate is the same')}, MMRV = {result['mmrv_coverage']:.3f}. "
               f"World-model success against the reference robot's ground truth: Pearson r = "
-              f"{_r_text(r_truth, 'no policy succeeded, or every rate is the same')}.",
+              f"{_r_text(r_truth, one or 'no policy succeeded, or every rate is the same')}.",
+              "", "Verdicts agree: the share of matched episodes (the same seed on both backends) where the world "
+              "model's verdict is the robot's, with Cohen's kappa (0: no more than the two success rates agree by "
+              "chance; 1: every episode); episode coverage r: Pearson r of the episodes' best scores. A simulator "
+              "can match a policy's rate and still not know which episodes it wins.",
               "", "![correlation](correlation.png)", ""]
     (out / "README.md").write_text("\n".join(lines))
     return result
