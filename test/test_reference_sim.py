@@ -228,3 +228,25 @@ def test_pile_expert_improves_score(profile):
     scores = _run_expert(sim, "pile", range(100, 103), 200)
     sim.close()
     assert np.mean(scores[:, 1]) >= 0.6 and np.mean(scores[:, 1] - scores[:, 0]) > 0.4
+
+
+def test_noisy_pixel_expert_adds_the_seeded_noise_and_rejects_bad_specs(push_sim, profile):
+    from iws_policy.node import expert_command_noise, make_runner
+    from iws_reference_robot.pixel_expert import PushTExpertPolicy
+
+    assert expert_command_noise("expert") == 0.0 and expert_command_noise("expert:noise=0.02") == 0.02
+    assert expert_command_noise("runs/policy") is None  # a checkpoint directory, not an expert
+    for bad in ("expert:noise=-0.1", "expert:noise=nan", "expert:gain=2", "expert:noise="):
+        with pytest.raises(ValueError, match="expert spec"):
+            make_runner(bad, profile)
+    push_sim.reset(5)
+    image, joints = push_sim.render(), push_sim.joint_positions()
+    plain = PushTExpertPolicy(profile, seed=7).act(image, joints)
+    noisy = [PushTExpertPolicy(profile, seed=7, command_noise=0.02).act(image, joints) for _ in range(2)]
+    other_seed = make_runner("expert:noise=0.02", profile, seed=8).act(image, joints)
+    assert plain is not None and noisy[0].shape == plain.shape
+    np.testing.assert_array_equal(noisy[0], noisy[1])          # the same seed, the same noise (either backend)
+    assert 0 < np.abs(noisy[0] - plain).max() < 0.1            # noise of about 0.02 rad on the expert's command
+    assert not np.array_equal(noisy[0], other_seed)
+    with pytest.raises(ValueError, match="command_noise"):
+        PushTExpertPolicy(profile, command_noise=-1.0)

@@ -16,12 +16,32 @@ import sys
 import numpy as np
 
 
+def expert_command_noise(checkpoint: str) -> float | None:
+    """The command noise of an expert spec ('expert' 0, 'expert:noise=0.2' 0.2 rad), None for a
+    checkpoint directory."""
+    name, _, option = checkpoint.partition(":")
+    if name != "expert":
+        return None
+    if not option:
+        return 0.0
+    key, _, value = option.partition("=")
+    try:
+        noise = float(value) if key == "noise" else float("nan")
+    except ValueError:
+        noise = float("nan")
+    if not (np.isfinite(noise) and noise >= 0):
+        raise ValueError(f"policy '{checkpoint}': an expert spec is 'expert' or 'expert:noise=STD' with STD >= 0 (rad)")
+    return noise
+
+
 def make_runner(checkpoint: str, profile, seed: int = 0, action_horizon: int | None = None):
-    """``act(image, joints) -> command or None`` for a checkpoint directory, or 'expert'
-    (``action_horizon``: commands executed per predicted chunk, None for the checkpoint's)."""
-    if checkpoint == "expert":
+    """``act(image, joints) -> command or None`` for a checkpoint directory, or 'expert' (the pixel
+    expert; 'expert:noise=STD' adds that much Gaussian noise to its commands) (``action_horizon``:
+    commands executed per predicted chunk, None for the checkpoint's)."""
+    noise = expert_command_noise(checkpoint)
+    if noise is not None:
         from iws_reference_robot.pixel_expert import PushTExpertPolicy
-        return PushTExpertPolicy(profile, seed=seed)
+        return PushTExpertPolicy(profile, seed=seed, command_noise=noise)
     from iws_policy.diffusion import PolicyRunner, load_policy
     policy = load_policy(checkpoint)
     if policy.config.joints != profile.joints.count:
@@ -73,7 +93,8 @@ def make_policy_node(profile, checkpoint: str, seed: int = 0, context=None, acti
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="iws up policy", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, help="policy checkpoint directory, or 'expert'")
+    parser.add_argument("--checkpoint", required=True,
+                        help="policy checkpoint directory, or 'expert' (the pixel expert; 'expert:noise=STD' a noisy one)")
     parser.add_argument("--robot", default="reference_arm")
     parser.add_argument("--namespace", default="", help="read and command a namespaced robot (A/B: /real or /sim)")
     parser.add_argument("--seed", type=int, default=0)

@@ -18,13 +18,20 @@ from .tasks import TaskState
 class PushTExpertPolicy:
     """Image + joint positions -> joint command; no ROS, so tests and evaluation can call it."""
 
-    def __init__(self, profile: RobotProfile, seed: int = 0):
+    def __init__(self, profile: RobotProfile, seed: int = 0, command_noise: float = 0.0):
+        """``command_noise``: the std (rad) of Gaussian noise added to every joint of every command,
+        drawn from ``seed``: a family of worse experts whose success spans a range, for judging a
+        simulator as an evaluator of policies (the same seed gives the same noise on either backend)."""
         from .sim import ReferenceSim
 
+        if not (np.isfinite(command_noise) and command_noise >= 0):
+            raise ValueError(f"command_noise must be a finite number >= 0 (rad), got {command_noise!r}")
         self.kinematics = ReferenceSim(profile, task="push_t", seed=seed)  # kinematics only, never stepped
         self.estimator = PushTPoseEstimator(profile)
         self.expert = PushTExpert(self.kinematics)
         self.expert.reset(np.random.default_rng(seed))
+        self.command_noise = float(command_noise)
+        self.noise_rng = np.random.default_rng([seed, 1])
         self.last_estimate = None
 
     def act(self, image: np.ndarray, joint_positions: np.ndarray) -> np.ndarray | None:
@@ -36,7 +43,10 @@ class PushTExpertPolicy:
         score = self.estimator.score(estimate.pose)
         state = TaskState(task="push_t", score=score, success=score >= 0.95,
                           object_poses=estimate.pose[None, :], goal_pose=self.estimator.goal.copy())
-        return self.expert.act(state, np.asarray(joint_positions, dtype=np.float64))
+        command = self.expert.act(state, np.asarray(joint_positions, dtype=np.float64))
+        if self.command_noise:
+            command = command + self.noise_rng.normal(0.0, self.command_noise, np.shape(command))
+        return command
 
     def close(self) -> None:
         self.kinematics.close()
