@@ -38,7 +38,7 @@ class ModelConfig:
     action_map_channels: int = 0            # >0: the action also enters as a spatial map of this many channels
     history_level: int = 15                 # noise label of (clean) history frames at inference
     history_noise_max: int = 99             # training noises history at t = s in 1..this
-    snap_threshold: float = 0.0             # inference: a latent cell predicted to move less than this keeps its value (0: off)
+    snap_threshold: float = 0.0             # inference: a latent cell that, with its neighbours, moves less than this keeps its value (0: off)
     joint_head_channels: int = 32
     joint_head_hidden: int = 128
     joint_head_action: bool = False         # the joint head also reads the command that produced the frame
