@@ -336,6 +336,9 @@ def test_evaluate_through_ros_from_matched_starts(backend, tiny_policy, tiny_wor
     assert result["ci95"][0] <= result["success_rate"] <= result["ci95"][1]
     assert [r["seed"] for r in result["per_episode"]] == [77, 78]
     assert all(math.isfinite(r["pixel_best_score"]) for r in result["per_episode"])
+    for row in result["per_episode"]:  # every frame's score is kept, so other verdict rules can be replayed
+        assert len(row["pixel_scores"]) == 9 and max(row["pixel_scores"]) == pytest.approx(row["pixel_best_score_any_frame"], abs=1e-4)
+        assert backend == "world_model" or len(row["truth_scores"]) >= 5
     assert (tmp_path / "episode_000.mp4").stat().st_size > 0
     assert json.loads((tmp_path / "evaluation.json").read_text())["backend"] == backend
     if backend == "reference":

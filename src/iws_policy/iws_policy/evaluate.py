@@ -243,9 +243,11 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
             best, lost_at = best_score_before_loss(scores, found)
             row = {"episode": k, "seed": episode_seed, "pixel_best_score": best, "pixel_final_score": float(scores[-1]),
                    "pixel_best_score_any_frame": float(max(scores)), "object_lost_at": lost_at,
-                   "success": best >= scorer.threshold}
+                   "success": best >= scorer.threshold,
+                   "pixel_scores": [round(float(x), 4) for x in scores]}  # per frame: other verdict rules can be replayed
             if truth:
-                row.update(truth_best_score=float(max(truth)), truth_success=bool(max(truth) >= scorer.task_threshold))
+                row.update(truth_best_score=float(max(truth)), truth_success=bool(max(truth) >= scorer.task_threshold),
+                           truth_scores=[round(float(x), 4) for x in truth])
             rows.append(row)
             if k < videos:
                 write_mp4(frames, out / f"episode_{k:03d}.mp4", fps=profile.control_rate_hz, upscale=3)
