@@ -171,7 +171,8 @@ class StageObjective(nn.Module):
         if "images" not in batch:
             raise KeyError("train.dynamics_pixel_weight > 0 needs the target frame's image in the batch "
                            "(WindowData last_image)")
-        image = self._images({"images": batch["images"][:, -1]})  # the target alone, whatever the window carries
+        # the target alone, whatever the window carries
+        image = images_to_tensor(batch["images"][:, -1], self.network.config.image_size, self.action_low.device)
         noise = noise_like(image)
         t = torch.full((image.shape[0],), self.schedule.timesteps - 1, dtype=torch.long, device=image.device)
         x0 = self.schedule.x0_from_v(noise, t, self.network.decoder(noise, t, torch.zeros_like(t), latent))
