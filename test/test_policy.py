@@ -50,6 +50,23 @@ def test_pixel_scorer_follows_the_true_overlap(sim):
     assert not scorer(np.zeros((96, 96, 3), np.uint8)).found
 
 
+def test_scorer_validation_command_judges_frames_and_whole_episodes(tmp_path):
+    out = tmp_path / "scorer.json"
+    run = subprocess.run([sys.executable, "-m", "iws_bringup.cli", "eval", "scorer", "--episodes", "2", "--min-steps", "20",
+                          "--max-steps", "30", "--expert-episodes", "2", "--expert-seed", "60004", "--expert-steps", "40",
+                          "--json", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["pixel_threshold"] == 0.95 and result["final_frame"]["n"] == 2
+    episodes = result["expert_episodes"]
+    assert episodes["n"] == 2 and [e["seed"] for e in episodes["episodes"]] == [60004, 60005]
+    assert [e["command_noise"] for e in episodes["episodes"]] == [0.0, 0.01]
+    assert all(abs(e["pixel_best"] - e["truth_best"]) < 0.05 for e in episodes["episodes"])
+    bad = subprocess.run([sys.executable, "-m", "iws_bringup.cli", "eval", "scorer", "--expert-episodes", "-1"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--expert-episodes" in bad.stderr
+
+
 def test_start_window_holds_the_arm_and_is_seeded(sim):
     a, b = start_window(sim, 42, 4), start_window(sim, 42, 4)
     assert a["images"].shape == (4, PROFILE.camera.height, PROFILE.camera.width, 3)
@@ -368,6 +385,7 @@ def test_experiment_reports_from_cached_evaluations(tmp_path, monkeypatch):
     """The reports' statistics and plots, from evaluations already on disk (as a rerun resumes)."""
     from iws_policy.evaluate import LOST_FRAMES, model_weights
     from iws_policy.experiments import correlation, datamix, mmrv, pearson
+    from iws_reference_robot.scoring import scorer_identity
 
     assert mmrv([0.1, 0.5, 0.9], [0.2, 0.4, 0.8]) == 0.0 and mmrv([0.9, 0.5, 0.1], [0.2, 0.4, 0.8]) > 0.5
     assert pearson([0, 1, 2], [0, 2, 4]) == pytest.approx(1.0) and math.isnan(pearson([1, 1], [0, 1]))
@@ -378,7 +396,7 @@ def test_experiment_reports_from_cached_evaluations(tmp_path, monkeypatch):
             d.mkdir(parents=True)
             weights = model_weights(None) if backend == "world_model" else None
             (d / "evaluation.json").write_text(json.dumps({"policy": f"/ckpt/{name}", "episodes": 4, "steps": 9, "seed": 1, "lost_frames_rule": LOST_FRAMES,
-                                                           "model_weights": weights,
+                                                           "model_weights": weights, "scorer": scorer_identity(),
                                                            "success_rate": rate,
                                                            "ci95": [0, 1], "seconds": 1.0, "truth_success_rate": rate,
                                                            "per_episode": [{"pixel_best_score": rate / 2}]}))
@@ -425,3 +443,8 @@ def test_experiment_reports_from_cached_evaluations(tmp_path, monkeypatch):
     evaluation("/ckpt/a", "world_model", tmp_path / "mix" / "world_model_a", 4, 9, 1, None)  # cached: the same weights
     evaluation("/ckpt/a", "world_model", tmp_path / "mix" / "world_model_a", 4, 9, 1, str(other_model))
     assert reruns == [2, None, None], "an evaluation in another world model is not the cached one"
+    cached = tmp_path / "mix" / "reference_a" / "evaluation.json"
+    judged_before = {**json.loads(cached.read_text()), "scorer": scorer_identity(0.92)}
+    cached.write_text(json.dumps(judged_before))
+    evaluation("/ckpt/a", "reference", tmp_path / "mix" / "reference_a", 4, 9, 1, None)
+    assert reruns == [2, None, None, None], "an evaluation judged by another pixel scorer is not the cached one"

@@ -261,7 +261,7 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
               "model_weights": weights,
               "episodes": len(rows), "steps": steps, "seed": seed, "action_horizon": horizon,
               "success_rate": successes / max(len(rows), 1),
-              "ci95": [low, high], "lost_frames_rule": LOST_FRAMES,
+              "ci95": [low, high], "lost_frames_rule": LOST_FRAMES, "scorer": scorer.identity,
               "object_lost_rate": sum(r["object_lost_at"] is not None for r in rows) / max(len(rows), 1),
               "success_rate_ignoring_loss": sum(r["pixel_best_score_any_frame"] >= scorer.threshold for r in rows) / max(len(rows), 1),
               "seconds": time.perf_counter() - started, "out": str(out), "per_episode": rows}

@@ -49,9 +49,10 @@ def checkpoint_action_horizon(policy: str) -> int | None:
 def evaluation(policy: str, backend: str, out: Path, episodes: int, steps: int, seed: int, model: str | None,
                action_horizon: int | None = None) -> dict:
     """`iws evaluate` into ``out``, or its earlier result when it matches: the same checkpoint path,
-    episodes, steps, seeds, loss rule, action horizon (None: the checkpoint's own, which
+    episodes, steps, seeds, loss rule, pixel scorer, action horizon (None: the checkpoint's own, which
     evaluations from before the option used) and, in the world model, the same weights."""
     from iws_policy.evaluate import LOST_FRAMES, evaluate, model_weights
+    from iws_reference_robot.scoring import scorer_identity
 
     cached = out / "evaluation.json"
     if cached.is_file():
@@ -60,7 +61,8 @@ def evaluation(policy: str, backend: str, out: Path, episodes: int, steps: int, 
         same_horizon = (result.get("action_horizon") or own) == (action_horizon or own)
         same_world = backend != "world_model" or result.get("model_weights") == model_weights(model)
         if same_horizon and same_world and (result.get("policy"), result.get("episodes"), result.get("steps"), result.get("seed"),
-                             result.get("lost_frames_rule")) == (policy, episodes, steps, seed, LOST_FRAMES):
+                             result.get("lost_frames_rule"), result.get("scorer")) == (policy, episodes, steps, seed, LOST_FRAMES,
+                                                                                      scorer_identity()):
             return result
     return evaluate(policy, backend, episodes, steps, seed, model=model, videos=2, out=out, progress=True,
                     action_horizon=action_horizon)
@@ -151,6 +153,8 @@ def _train_info(checkpoint: str) -> dict:
 
 def datamix(policies: dict[str, str], wm_fraction: dict[str, float], out: Path, episodes: int, steps: int,
             seed: int, action_horizon: int | None = None) -> dict:
+    from iws_reference_robot.scoring import PIXEL_SUCCESS_THRESHOLD
+
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, checkpoint in policies.items():
@@ -181,7 +185,7 @@ def datamix(policies: dict[str, str], wm_fraction: dict[str, float], out: Path, 
     (out / "datamix.json").write_text(json.dumps(_json(result), indent=1) + "\n")
     lines = ["# Experiment a: Diffusion Policy on real vs world-model demonstrations", "",
              f"Each policy evaluated on the reference robot, {episodes} episodes of {steps} steps from seeds "
-             f"{seed}..{seed + episodes - 1}; success from the pixel scorer (any frame at 0.92); "
+             f"{seed}..{seed + episodes - 1}; success from the pixel scorer (any frame at {PIXEL_SUCCESS_THRESHOLD}); "
              f"{_horizon_text(action_horizon)}.", "",
              "| policy | world-model share | success | 95 % CI | ground truth | mean best coverage | training steps | training s | eval s |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
