@@ -167,7 +167,9 @@ class PushTPoseEstimator:
         for i in minima:  # pattern search to a quarter pixel from each start
             pose, pose_cost = coarse[i].copy(), costs[i]
             step = np.array([pixel_m, pixel_m, math.radians(4.0)])
-            while step[0] > pixel_m / 4:
+            for _ in range(200):  # a bound for safety: it ends after a few dozen moves
+                if step[0] <= pixel_m / 4:
+                    break
                 candidates = pose + self._moves * step
                 candidate_costs = cost(candidates)
                 j = int(np.argmin(candidate_costs))
