@@ -13,7 +13,7 @@ from iws_common.profile import load_profile  # noqa: E402
 from iws_reference_robot import scene  # noqa: E402
 from iws_reference_robot.experts import EXPERTS, PushTExpert, make_expert  # noqa: E402
 from iws_reference_robot.sim import ReferenceSim  # noqa: E402
-from iws_reference_robot.tasks import TaskState, t_pose_gaps  # noqa: E402
+from iws_reference_robot.tasks import PushT, TaskState, t_pose_gaps  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +106,24 @@ def test_push_t_score(push_sim):
     assert task.overlap(goal + [0.3, 0.0, 0.0], goal) == pytest.approx(0.0, abs=1e-6)
     task.block.set(push_sim.data, goal)
     assert push_sim.task_state().score >= 0.99 and push_sim.task_state().success
+
+
+def test_push_t_overlap_is_the_exact_area_without_steps_near_the_goal():
+    """The score is area, not a count of raster cells: cells lined up with the goal's edges once
+    read 0.944 for a T whose area overlap was 0.962, a true success judged a failure."""
+    from iws_reference_robot.tasks import T_BOXES, _raster_boxes, inside_boxes, t_overlap, to_local, to_world
+
+    goal = PushT.GOAL
+    fine = _raster_boxes(T_BOXES, 0.0002)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        pose = goal + rng.normal(0.0, [0.02, 0.02, 0.5])
+        assert t_overlap(pose, goal) == pytest.approx(inside_boxes(to_local(to_world(fine, pose), goal), T_BOXES).mean(), abs=0.003)
+    # sliding along y by 0.25 mm at a time: the score falls smoothly, about 0.0075 a step (the stem's width x 0.25 mm / area)
+    scores = [t_overlap(goal + [0.0, dy, 0.0], goal) for dy in np.arange(0.0, 0.004, 0.00025)]
+    assert scores[0] == 1.0 and np.all(np.diff(scores) < 0) and np.max(np.abs(np.diff(scores))) < 0.01
+    assert t_overlap([0.0002, 0.3114, 0.7869], goal) == pytest.approx(0.962, abs=0.001)
+    assert math.isnan(t_overlap([np.nan, 0.0, 0.0], goal))
 
 
 def test_t_pose_gaps_measure_how_far_the_t_area_moved(push_sim):

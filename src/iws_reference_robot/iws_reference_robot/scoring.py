@@ -34,9 +34,10 @@ SCORED_TASKS = ("push_t",)
 # task's own threshold. (The silhouette-IoU fit before 2026-12-06 read 0.02 low and needed 0.92.)
 # Validated on other seeds by `iws eval scorer` (docs/results/scorer.json).
 PIXEL_SUCCESS_THRESHOLD = 0.95
-# Names the pose fit: evaluations record it with the threshold (``PixelScorer.identity``), so that a
-# cached evaluation judged by another scorer is not mixed with new ones (iws_policy.experiments).
-POSE_FIT = "coverage-fit-2026-12-06"
+# Names how the score is read (pose fit and overlap): evaluations record it with the threshold
+# (``PixelScorer.identity``), so that a cached evaluation judged by another scorer is not mixed with
+# new ones (iws_policy.experiments). "coverage-fit-2026-12-06" scored with the raster overlap.
+SCORER_METHOD = "coverage-fit-exact-overlap-2026-12-06"
 EXPERT_NOISES = (0.0, 0.01, 0.02, 0.03)  # rad; episode k of the episode-level check uses noise k % 4
 
 
@@ -50,7 +51,7 @@ class PixelScore:
 
 def scorer_identity(threshold: float = PIXEL_SUCCESS_THRESHOLD) -> str:
     """Which pose fit and threshold judged an evaluation."""
-    return f"{POSE_FIT}@{threshold:g}"
+    return f"{SCORER_METHOD}@{threshold:g}"
 
 
 class PixelScorer:

@@ -123,6 +123,48 @@ T_AREA = float(sum(4 * b[2] * b[3] for b in T_BOXES))
 T_RASTER_STEP = 0.0015
 
 
+def _box_corners(box, pose) -> list[tuple[float, float]]:
+    """The corners (counter-clockwise) of one local-frame box (cx, cy, hx, hy) placed at ``pose``."""
+    cx, cy, hx, hy = box
+    c, s = math.cos(pose[2]), math.sin(pose[2])
+    return [(pose[0] + c * x - s * y, pose[1] + s * x + c * y)
+            for x, y in ((cx - hx, cy - hy), (cx + hx, cy - hy), (cx + hx, cy + hy), (cx - hx, cy + hy))]
+
+
+def _clipped_area(subject: list, clip: list) -> float:
+    """Area of the intersection of two convex counter-clockwise polygons (Sutherland-Hodgman)."""
+    polygon = subject
+    for i in range(len(clip)):
+        (ax, ay), (bx, by) = clip[i], clip[(i + 1) % len(clip)]
+        side = lambda p: (bx - ax) * (p[1] - ay) - (by - ay) * (p[0] - ax)  # >= 0: inside (left of a->b)
+        kept = []
+        for j in range(len(polygon)):
+            p, q = polygon[j], polygon[(j + 1) % len(polygon)]
+            sp, sq = side(p), side(q)
+            if sp >= 0:
+                kept.append(p)
+            if (sp >= 0) != (sq >= 0):
+                t = sp / (sp - sq)
+                kept.append((p[0] + t * (q[0] - p[0]), p[1] + t * (q[1] - p[1])))
+        polygon = kept
+        if not polygon:
+            return 0.0
+    return 0.5 * abs(sum(polygon[k][0] * polygon[k - 1][1] - polygon[k - 1][0] * polygon[k][1] for k in range(len(polygon))))
+
+
+def t_overlap(pose, goal) -> float:
+    """The push_t score: the fraction of the T's area at ``pose`` inside the T at ``goal``, exact.
+
+    (A raster of 1.5 mm cells read it before 2026-12-06; near the goal, where the cells line up
+    with the goal's edges, it read in steps of about 0.03: 0.944 for a T whose area overlap was
+    0.962, which made true successes failures.) The two boxes of a T do not overlap, so the overlap
+    is the sum of the four box-box intersections."""
+    if not (np.all(np.isfinite(pose)) and np.all(np.isfinite(goal))):
+        return float("nan")
+    area = sum(_clipped_area(_box_corners(a, pose), _box_corners(b, goal)) for a in T_BOXES for b in T_BOXES)
+    return float(round(area / T_AREA, 12))  # the T on itself reads 1.0, not 1 - 6e-16
+
+
 def _raster_boxes(boxes: np.ndarray, step: float) -> np.ndarray:
     """Cell centres covering the union of axis-aligned boxes (the boxes here do not overlap)."""
     pts = []
@@ -163,11 +205,7 @@ def t_pose_gaps(poses: np.ndarray, references: np.ndarray, chunk: int = 512) -> 
         idx = rows[start:start + chunk]
         (ax, ay), (bx, by) = placed(a[idx]), placed(b[idx])
         displacement[idx] = np.hypot(ax - bx, ay - by).mean(1)
-        # the first T's area seen from the reference T (``to_local``), then judged as PushT.overlap does
-        c, s = np.cos(b[idx, 2:]), np.sin(b[idx, 2:])
-        dx, dy = ax - b[idx, :1], ay - b[idx, 1:2]
-        local = np.stack([c * dx + s * dy, -s * dx + c * dy], -1)
-        overlap[idx] = inside_boxes(local.reshape(-1, 2), T_BOXES).reshape(len(idx), -1).mean(1)
+        overlap[idx] = [t_overlap(a[i], b[i]) for i in idx]
     return displacement.reshape(shape), overlap.reshape(shape)
 
 
@@ -225,9 +263,8 @@ class PushT(Task):
         return self.pose()[None, :]
 
     def overlap(self, pose, goal) -> float:
-        """Fraction of the T's area at pose that lies inside the T at goal (raster of the T)."""
-        in_goal = to_local(to_world(self._raster, pose), goal)
-        return float(inside_boxes(in_goal, T_BOXES).mean())
+        """Fraction of the T's area at pose that lies inside the T at goal (``t_overlap``)."""
+        return t_overlap(pose, goal)
 
     def score(self) -> float:
         return self.overlap(self.pose(), self.goal_pose)
