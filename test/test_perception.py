@@ -81,30 +81,16 @@ def test_score_from_pixels_matches_ground_truth_score(sim):
 def test_score_near_the_goal_reads_to_a_hundredth_with_the_arm_over_the_t(sim):
     """Success is decided at 0.95, where the pusher and arm lie over the T: the pixel score must
     track the true one there (the pixel expert reaches the goal from seed 60004)."""
-    from iws_common.commands import JointCommandFollower
     from iws_reference_robot.perception import t_coverage
-    from iws_reference_robot.pixel_expert import PushTExpertPolicy
+    from iws_reference_robot.pixel_expert import drive_pixel_expert
 
     estimator = PushTPoseEstimator(PROFILE)
-    policy = PushTExpertPolicy(PROFILE, seed=60004)
-    follower = JointCommandFollower(PROFILE.joints)
-    sim.reset(60004)
-    follower.reset(sim.joint_positions())
-    dt = PROFILE.control_period_s
     errors, hidden_near_t = [], []
-    try:
-        for step in range(200):
-            image, truth = sim.render(), sim.task_state()
-            if truth.score >= 0.85:
-                errors.append(estimator.score(estimator.estimate(image).pose) - truth.score)
-                _, hidden, mask = t_coverage(image)
-                hidden_near_t.append(np.sum(hidden & np.roll(mask, 2, axis=0)))
-            command = policy.act(image, sim.joint_positions())
-            if command is not None:
-                follower.set_position_command(command)
-            sim.step(follower.step(step * dt, dt))
-    finally:
-        policy.close()
+    for image, truth in drive_pixel_expert(sim, PROFILE, seed=60004, steps=200):
+        if truth.score >= 0.85:
+            errors.append(estimator.score(estimator.estimate(image).pose) - truth.score)
+            _, hidden, mask = t_coverage(image)
+            hidden_near_t.append(np.sum(hidden & np.roll(mask, 2, axis=0)))
     assert len(errors) >= 30, "the expert no longer brings the T near its goal from this seed"
     assert max(hidden_near_t) > 0, "the arm never covered the T: the occluded case was not tested"
     assert np.median(np.abs(errors)) < 0.01 and np.max(np.abs(errors)) < 0.04

@@ -50,3 +50,26 @@ class PushTExpertPolicy:
 
     def close(self) -> None:
         self.kinematics.close()
+
+
+def drive_pixel_expert(sim, profile: RobotProfile, seed: int, steps: int, command_noise: float = 0.0):
+    """The pixel expert driving the in-process reference sim from ``seed`` (no ROS): yields each
+    frame with the simulator's task state before acting on it, so callers can judge the frames
+    against ground truth (the scorer's validation, tests)."""
+    from iws_common.commands import JointCommandFollower
+
+    sim.reset(seed)
+    follower = JointCommandFollower(profile.joints)
+    follower.reset(sim.joint_positions())
+    policy = PushTExpertPolicy(profile, seed=seed, command_noise=command_noise)
+    dt = profile.control_period_s
+    try:
+        for step in range(steps):
+            image = sim.render()
+            yield image, sim.task_state()
+            command = policy.act(image, sim.joint_positions())
+            if command is not None:
+                follower.set_position_command(command)
+            sim.step(follower.step(step * dt, dt))
+    finally:
+        policy.close()

@@ -90,40 +90,26 @@ def _summary(rows) -> dict:
             "score_mae": float(np.mean(np.abs(a[:, 2] - a[:, 3]))) if len(a) else None}
 
 
-def validate_episodes(profile, episodes: int = 80, seed: int = 60000, steps: int = 200, progress: bool = True) -> dict:
+def validate_episodes(profile, episodes: int = 80, seed: int = 70000, steps: int = 200, progress: bool = True) -> dict:
     """Episode verdicts (any frame at the threshold, as `iws evaluate` decides) against the true ones
     (any frame at the task's threshold) on whole episodes of the noisy pixel expert."""
     from tqdm import tqdm
 
-    from iws_common.commands import JointCommandFollower
-    from iws_reference_robot.pixel_expert import PushTExpertPolicy
+    from iws_reference_robot.pixel_expert import drive_pixel_expert
     from iws_reference_robot.sim import ReferenceSim
 
     scorer = PixelScorer(profile, "push_t")
     sim = ReferenceSim(profile, task="push_t", seed=seed)
-    follower = JointCommandFollower(profile.joints)
-    dt = profile.control_period_s
     rows, per_episode, near_goal_errors = [], [], []
     try:
         for k in tqdm(range(episodes), desc="scorer expert episodes", disable=not progress, dynamic_ncols=True):
             noise = EXPERT_NOISES[k % len(EXPERT_NOISES)]
-            sim.reset(seed + k)
-            follower.reset(sim.joint_positions())
-            policy = PushTExpertPolicy(profile, seed=seed + k, command_noise=noise)
             truth_best = pixel_best = 0.0
-            try:
-                for step in range(steps):
-                    image, truth = sim.render(), sim.task_state()
-                    pixel = scorer(image)
-                    truth_best, pixel_best = max(truth_best, truth.score), max(pixel_best, pixel.score)
-                    if truth.score >= 0.8:
-                        near_goal_errors.append(pixel.score - truth.score)
-                    command = policy.act(image, sim.joint_positions())
-                    if command is not None:
-                        follower.set_position_command(command)
-                    sim.step(follower.step(step * dt, dt))
-            finally:
-                policy.close()
+            for image, truth in drive_pixel_expert(sim, profile, seed + k, steps, noise):
+                pixel = scorer(image)
+                truth_best, pixel_best = max(truth_best, truth.score), max(pixel_best, pixel.score)
+                if truth.score >= 0.8:
+                    near_goal_errors.append(pixel.score - truth.score)
             rows.append((truth_best >= scorer.task_threshold, pixel_best >= scorer.threshold, truth_best, pixel_best))
             per_episode.append({"seed": seed + k, "command_noise": noise, "truth_best": round(truth_best, 4),
                                 "pixel_best": round(pixel_best, 4)})
