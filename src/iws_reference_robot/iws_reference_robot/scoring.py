@@ -50,7 +50,7 @@ class PixelScore:
 
 
 def scorer_identity(threshold: float = PIXEL_SUCCESS_THRESHOLD) -> str:
-    """Which pose fit and threshold judged an evaluation."""
+    """Which scoring method (pose fit and overlap) and threshold judged an evaluation."""
     return f"{SCORER_METHOD}@{threshold:g}"
 
 
