@@ -20,7 +20,7 @@ import numpy as np
 from iws_common.profile import RobotProfile
 
 from . import scene
-from .tasks import T_BOXES, PushT, _raster_boxes, to_world
+from .tasks import T_BOXES, PushT, _raster_boxes, t_overlap, to_world
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +92,6 @@ class PushTPoseEstimator:
         self.depth = scene.CAMERA_HEIGHT - PushT.HEIGHT  # the camera sees the T's top face
         self.yaws = np.deg2rad(np.arange(0.0, 360.0, yaw_step_deg))
         self.goal = PushT.GOAL.copy()
-        self._scorer = PushT()
         self._moves = np.array([(dx, dy, da) for dx in (-1, 0, 1) for dy in (-1, 0, 1) for da in (-1, 0, 1)
                                 if (dx, dy, da) != (0, 0, 0)], float)
 
@@ -211,7 +210,7 @@ class PushTPoseEstimator:
 
     def score(self, pose: np.ndarray) -> float:
         """The push_t task score (T/goal overlap) of an estimated pose."""
-        return self._scorer.overlap(pose, self.goal)
+        return t_overlap(pose, self.goal)
 
 
 def silhouette_points(pose: np.ndarray) -> np.ndarray:
