@@ -312,13 +312,17 @@ def test_synthetic_demos_inside_the_world_model_build_a_dataset(tiny_world_model
     assert np.all(np.isfinite(ds.actions[:])) and ds.images.shape[1:] == (64, 64, 3)
 
 
-def test_policy_rollouts_on_the_reference_robot_are_recorded_as_play_data(tiny_policy, tmp_path):
-    """`iws collect --policy CKPT`: the policy drives the reference robot from its camera image; each
-    episode is reseeded from its own seed, so episode 1 collected alone is the same episode."""
+@pytest.mark.parametrize("player", ["checkpoint", "noisy_expert"])
+def test_policy_rollouts_on_the_reference_robot_are_recorded_as_play_data(player, request, tmp_path):
+    """`iws collect --policy CKPT|expert:noise=STD`: the policy drives the reference robot from its
+    camera image; each episode is reseeded from its own seed, so episode 1 collected alone is the
+    same episode."""
     import yaml
 
     from iws_data.builder import build_dataset
     from iws_data.dataset import Dataset
+
+    tiny_policy = request.getfixturevalue("tiny_policy") if player == "checkpoint" else "expert:noise=0.02"
 
     def run(out, *extra):
         return subprocess.run([sys.executable, "-m", "iws_bringup.cli", "collect", "--policy", str(tiny_policy),
@@ -339,7 +343,8 @@ def test_policy_rollouts_on_the_reference_robot_are_recorded_as_play_data(tiny_p
     assert first.shape == (7, PROFILE.joints.count) and np.all(np.isfinite(first))
     np.testing.assert_array_equal(first, again)
     assert np.abs(first[1:] - first[0]).max() > 1e-6, "the policy never changed its command"
-
+    if player == "noisy_expert":
+        return
     missing = subprocess.run([sys.executable, "-m", "iws_bringup.cli", "collect", "--mix", "policy=1", "--episodes", "1",
                               "--out", str(tmp_path / "none")], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1 and "--policy CKPT" in missing.stderr

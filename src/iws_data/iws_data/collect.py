@@ -90,7 +90,8 @@ class CheckpointPlayer:
         self.runner.reset(seed=int(rng.integers(2**31)))  # from the episode's seed: it regenerates alone
 
     def act(self, task_state, joint_positions: np.ndarray) -> np.ndarray:
-        return self.runner.act(self.sim.render(), joint_positions)
+        command = self.runner.act(self.sim.render(), joint_positions)
+        return np.asarray(joint_positions, np.float64) if command is None else command  # None: hold position
 
 
 def make_policy(kind: str, task: str, sim):
@@ -271,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mix", default=None,
                         help=f"policy weights (default {DEFAULT_MIX}; policy=1 when --policy is given)")
     parser.add_argument("--policy", default=None, metavar="CKPT",
-                        help="a trained policy (iws policy train) acting on the camera image: rollouts of the "
-                             "policies you will evaluate, as world-model training data")
+                        help="a trained policy (iws policy train), or 'expert:noise=STD' (the pixel expert with "
+                             "noisy commands), acting on the camera image: rollouts of the policies you will "
+                             "evaluate, as world-model training data")
     parser.add_argument("--action-horizon", type=int, default=None,
                         help="with --policy: commands executed per predicted chunk (default: the checkpoint's)")
     parser.add_argument("--storage", default=DEFAULT_STORAGE, choices=sorted(STORAGES))

@@ -29,8 +29,15 @@ class PushTExpertPolicy:
         self.kinematics = ReferenceSim(profile, task="push_t", seed=seed)  # kinematics only, never stepped
         self.estimator = PushTPoseEstimator(profile)
         self.expert = PushTExpert(self.kinematics)
-        self.expert.reset(np.random.default_rng(seed))
         self.command_noise = float(command_noise)
+        self.reset(seed)
+
+    def reset(self, seed: int | None = None) -> None:
+        """A new episode (the runner interface of ``iws_policy``): ``seed`` reseeds the expert and its
+        command noise, so the episode is the one a fresh expert with that seed would play."""
+        seed = self.seed if seed is None else int(seed)
+        self.seed = seed
+        self.expert.reset(np.random.default_rng(seed))
         self.noise_rng = np.random.default_rng([seed, 1])
         self.last_estimate = None
 
