@@ -334,3 +334,38 @@ def test_longrun_reports_every_minute(tiny_world_model, tmp_path, capsys):
     assert lo < hi and report["reference"]["source"].startswith("start windows")
     assert isinstance(report["in_distribution_all_minutes"], bool)
     assert Path(report["video"]).stat().st_size > 0
+
+
+def test_rest_reads_the_t_held_still_from_ordinary_and_near_goal_starts(tiny_world_model, tmp_path, capsys):
+    """`iws eval rest`: the physics keeps an untouched T where it is (the floor the model is held
+    to), near-goal starts sit just off the goal, and every checkpoint step is read for both kinds."""
+    from iws_world_model import rest
+
+    code = rest.main(["--model", str(tiny_world_model), "--starts", "2", "--near-goal", "2", "--steps", "4",
+                      "--out", str(tmp_path), "--threads", "2", "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    report = json.loads((tmp_path / "rest.json").read_text())
+    assert report["protocol"]["checkpoints"] == [1, 4]
+    kinds = report["kinds"]
+    assert set(kinds) == {"start", "near_goal"} and all(k["worlds"] == 2 for k in kinds.values())
+    assert kinds["start"]["true_overlap_with_goal"] < 0.2  # the reset keeps starts off the goal
+    assert rest.NEAR_GOAL_OVERLAP[0] < kinds["near_goal"]["true_overlap_with_goal"] < rest.NEAR_GOAL_OVERLAP[1]
+    for row in kinds.values():
+        physics = row["physics_after_steps"]
+        assert physics["position_drift_mm"] < 0.5 and physics["yaw_drift_deg"] < 0.5
+        assert physics["overlap_with_start"] > 0.98
+        assert set(row["model"]) == {"1", "4"}
+        assert all(0.0 <= m["t_found_rate"] <= 1.0 for m in row["model"].values())
+
+    assert rest.main(["--model", str(tiny_world_model), "--starts", "0", "--near-goal", "0"]) == 2
+    assert "at least one start" in capsys.readouterr().err
+
+
+def test_near_goal_placement_is_near_success_but_not_at_it():
+    from iws_reference_robot.tasks import t_overlap
+    from iws_world_model.rest import NEAR_GOAL_OVERLAP, near_goal_pose
+
+    rng = np.random.default_rng(0)
+    overlaps = [t_overlap(near_goal_pose(rng, PushT.GOAL), PushT.GOAL) for _ in range(50)]
+    assert all(NEAR_GOAL_OVERLAP[0] < o < NEAR_GOAL_OVERLAP[1] for o in overlaps)
+    assert np.ptp(overlaps) > 0.1  # spread across the band, not one pose

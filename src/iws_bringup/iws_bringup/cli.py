@@ -31,6 +31,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("train",): ("iws_world_model.train:main", "train a world model from a cached dataset"),
     ("eval", "openloop"): ("iws_world_model.evaluate:openloop_main", "open-loop fidelity on held-out episodes"),
     ("eval", "longrun"): ("iws_world_model.evaluate:longrun_main", "closed-loop long-horizon stability"),
+    ("eval", "rest"): ("iws_world_model.rest:main", "does the model keep an untouched T still while the arm holds?"),
     ("eval", "paired"): ("iws_world_model.paired:main", "two open-loop reports paired episode by episode (difference and its standard error)"),
     ("eval", "scorer"): ("iws_reference_robot.scoring:main", "validate the pixel success scorer against reference-robot ground truth"),
     ("bench", "step"): ("iws_world_model.bench:main", "world-model step FPS and latency"),
