@@ -6,8 +6,9 @@ The plainest thing a simulator must get right: while the arm holds still, nothin
 reference robot's start states (the matched initial conditions of `iws evaluate`: the arm at home,
 the T somewhere on the table) and from states with the T placed just off the goal, the model rolls
 the hold command for ``steps`` steps. The T's pose, read from each frame by the pixel estimator, is
-compared with the pose the estimator reads from the last real context frame; the physics, run the
-same way, is the floor. A model that cannot keep a T still cannot keep its yaw over an open loop
+compared with the pose the estimator reads from the last real context frame (both read as open
+loop reads them: at the model's resolution, upscaled to the camera's); the physics, run the same
+way, is the floor. A model that cannot keep a T still cannot keep its yaw over an open loop
 (issue 4) nor tell a careful policy from a careless one (issue 6).
 
 No ROS. The start states come from the MuJoCo reference robot (imported lazily, as in longrun);
@@ -27,13 +28,17 @@ import torch
 from . import metrics
 from .checkpoint import CheckpointError
 from .config import ConfigError
-from .evaluate import EvalError, default_device, load_robot_profile, progress_bar
+from .evaluate import EvalError, default_device, load_robot_profile, progress_bar, resize
 from .world_model import WorldModel, upscale
 
 NEAR_GOAL_OVERLAP = (0.6, 0.9)  # T placed this far off the goal: near success, not at it
 NEAR_GOAL_OFFSET_M = (0.008, 0.02)
 NEAR_GOAL_TURN_DEG = (4.0, 15.0)
 FLIP_DEG = metrics.FLIP_DEG
+
+
+def upscale_all(images: np.ndarray, height: int, width: int) -> np.ndarray:
+    return np.stack([upscale(image, height, width) for image in images])
 
 
 def near_goal_pose(rng: np.random.Generator, goal: np.ndarray) -> np.ndarray:
@@ -130,7 +135,8 @@ def rest(model: str | Path, starts: int = 16, near_goal: int = 16, steps: int = 
     estimator = PushTPoseEstimator(profile)
     context = rest_starts(profile, seed, starts, near_goal, world.config.window, steps)
     n = len(context["kinds"])
-    real = [estimator.estimate(images[-1]) for images in context["images"]]
+    last_real = upscale_all(resize(context["images"][:, -1], world.image_size), cam_h, cam_w)  # as the model's
+    real = [estimator.estimate(image) for image in last_real]
     real_found = np.array([e.found for e in real])
     real_pose = np.stack([e.pose if e.found else np.full(3, np.nan) for e in real])
     if not real_found.any():
