@@ -177,6 +177,12 @@ def start_window(sim: ReferenceSim, seed: int, frames: int) -> dict[str, np.ndar
     the arm holding still: what a world model is reset to so that both backends start alike
     (matched initial conditions). Images at the camera resolution, oldest first."""
     sim.reset(seed)
+    return hold_window(sim, frames)
+
+
+def hold_window(sim: ReferenceSim, frames: int) -> dict[str, np.ndarray]:
+    """``frames`` observations from the simulator's current state with the arm holding still (the
+    first is the state itself), as ``start_window`` returns them."""
     hold = sim.joint_positions()
     images, joints = [], []
     for k in range(frames):

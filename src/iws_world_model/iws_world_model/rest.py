@@ -61,7 +61,7 @@ def rest_starts(profile, seed: int, starts: int, near_goal: int, window: int, st
     held steps (the physics' own drift)."""
     import mujoco
 
-    from iws_reference_robot.sim import ReferenceSim
+    from iws_reference_robot.sim import ReferenceSim, hold_window
     from iws_reference_robot.tasks import PushT
 
     sim = ReferenceSim(profile, task="push_t", seed=seed)
@@ -73,20 +73,14 @@ def rest_starts(profile, seed: int, starts: int, near_goal: int, window: int, st
             if k >= starts:
                 sim.task.block.set(sim.data, near_goal_pose(rng, PushT.GOAL))
                 mujoco.mj_forward(sim.model, sim.data)
-            hold = sim.joint_positions()
-            frames, positions = [], []
-            for i in range(window):
-                if i:
-                    sim.step(hold)
-                frames.append(sim.render())
-                positions.append(sim.joint_positions())
+            context = hold_window(sim, window)
             first.append(sim.task.pose())
             for _ in range(steps):
-                sim.step(hold)
+                sim.step(context["actions"][-1])
             last.append(sim.task.pose())
-            images.append(np.stack(frames))
-            joints.append(np.stack(positions).astype(np.float32))
-            actions.append(np.repeat(hold[None].astype(np.float32), window, 0))
+            images.append(context["images"])
+            joints.append(context["joint_positions"])
+            actions.append(context["actions"])
             kinds.append("start" if k < starts else "near_goal")
     finally:
         sim.close()
