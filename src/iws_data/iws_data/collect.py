@@ -88,10 +88,17 @@ class CheckpointPlayer:
 
     def reset(self, rng: np.random.Generator) -> None:
         self.runner.reset(seed=int(rng.integers(2**31)))  # from the episode's seed: it regenerates alone
+        self.last_command = None
 
     def act(self, task_state, joint_positions: np.ndarray) -> np.ndarray:
+        """The policy's command; where it gives none (the pixel expert while the T is out of view)
+        the previous command stays in force, as the ROS node publishes nothing then."""
         command = self.runner.act(self.sim.render(), joint_positions)
-        return np.asarray(joint_positions, np.float64) if command is None else command  # None: hold position
+        if command is not None:
+            self.last_command = np.asarray(command, np.float64)
+        elif self.last_command is None:
+            self.last_command = np.asarray(joint_positions, np.float64)
+        return self.last_command
 
 
 def make_policy(kind: str, task: str, sim):
