@@ -94,3 +94,34 @@ def test_score_near_the_goal_reads_to_a_hundredth_with_the_arm_over_the_t(sim):
     assert len(errors) >= 30, "the expert no longer brings the T near its goal from this seed"
     assert max(hidden_near_t) > 0, "the arm never covered the T: the occluded case was not tested"
     assert np.median(np.abs(errors)) < 0.01 and np.max(np.abs(errors)) < 0.04
+
+
+def test_a_frame_read_twice_is_fitted_once_and_never_stale(sim):
+    """A policy and its referee read each frame with their own estimators; the second read comes
+    from the estimates kept by content, and a frame whose pixels changed in place is fitted anew."""
+    import mujoco
+
+    from iws_reference_robot import perception
+
+    policy_side, referee_side = PushTPoseEstimator(PROFILE), PushTPoseEstimator(PROFILE)
+    perception._RECENT.clear()  # this frame may have been read by an earlier test
+    fits = []
+    for estimator in (policy_side, referee_side):  # count the fits each one runs
+        estimator._estimate = (lambda fit: lambda image: fits.append(1) or fit(image))(estimator._estimate)
+    sim.reset(5)
+    frame = sim.render()
+    first = policy_side.estimate(frame)
+    again = referee_side.estimate(frame.copy())
+    assert len(fits) == 1
+    np.testing.assert_array_equal(first.pose, again.pose)
+    again.pose[:] = 0.0  # callers get their own copy
+    assert np.all(policy_side.estimate(frame).pose == first.pose)
+
+    truth = sim.task_state().object_poses[0]
+    sim.task.block.set(sim.data, truth + np.array([0.03, -0.02, 0.5]))
+    mujoco.mj_forward(sim.model, sim.data)
+    frame[:] = sim.render()  # the same array, new pixels
+    moved = referee_side.estimate(frame)
+    assert len(fits) == 2
+    assert abs(moved.pose[0] - first.pose[0] - 0.03) < 0.003 and abs(moved.pose[1] - first.pose[1] + 0.02) < 0.003
+    assert len(perception._RECENT) <= perception._RECENT_SIZE
