@@ -109,7 +109,7 @@ def rest(model: str | Path, starts: int = 16, near_goal: int = 16, steps: int = 
          device: str | None = None, progress: bool = True) -> dict:
     """The report: per kind of start and per checkpoint step, how far the model moved the T."""
     from iws_reference_robot.perception import PushTPoseEstimator
-    from iws_reference_robot.tasks import PushT
+    from iws_reference_robot.tasks import PushT, t_overlap
 
     if starts < 0 or near_goal < 0 or starts + near_goal == 0:
         raise EvalError(f"need at least one start (--starts {starts}, --near-goal {near_goal})")
@@ -167,7 +167,7 @@ def rest(model: str | Path, starts: int = 16, near_goal: int = 16, steps: int = 
         physics = _summary(np.ones(rows.sum(), bool), context["true_last"][rows], context["true_first"][rows], goal)
         report["kinds"][kind] = {
             "worlds": int(rows.sum()),
-            "true_overlap_with_goal": float(np.mean([_goal(p) for p in context["true_first"][rows]])),
+            "true_overlap_with_goal": float(np.mean([t_overlap(p, goal) for p in context["true_first"][rows]])),
             "physics_after_steps": physics,
             "model": {str(step): _summary(found[c, rows], poses[c, rows], real_pose[rows], goal)
                       for c, step in enumerate(checkpoints)}}
@@ -177,12 +177,6 @@ def rest(model: str | Path, starts: int = 16, near_goal: int = 16, steps: int = 
     out.mkdir(parents=True, exist_ok=True)
     (out / "rest.json").write_text(json.dumps(report, indent=1))
     return report
-
-
-def _goal(pose: np.ndarray) -> float:
-    from iws_reference_robot.tasks import PushT, t_overlap
-
-    return t_overlap(pose, PushT.GOAL)
 
 
 def main(argv: list[str] | None = None) -> int:
