@@ -314,7 +314,7 @@ def test_synthetic_demos_inside_the_world_model_build_a_dataset(tiny_world_model
 
 @pytest.mark.parametrize("player", ["checkpoint", "noisy_expert"])
 def test_policy_rollouts_on_the_reference_robot_are_recorded_as_play_data(player, request, tmp_path):
-    """`iws collect --policy CKPT|expert:noise=STD`: the policy drives the reference robot from its
+    """`iws collect --policy CKPT|expert[:noise=STD]`: the policy drives the reference robot from its
     camera image; each episode is reseeded from its own seed, so episode 1 collected alone is the
     same episode."""
     import yaml
@@ -343,7 +343,11 @@ def test_policy_rollouts_on_the_reference_robot_are_recorded_as_play_data(player
     assert first.shape == (7, PROFILE.joints.count) and np.all(np.isfinite(first))
     np.testing.assert_array_equal(first, again)
     assert np.abs(first[1:] - first[0]).max() > 1e-6, "the policy never changed its command"
-    if player == "noisy_expert":
+    if player == "noisy_expert":  # the pixel expert without noise is named as in iws evaluate
+        plain = subprocess.run([sys.executable, "-m", "iws_bringup.cli", "collect", "--policy", "expert", "--episodes",
+                                "1", "--steps", "3", "--out", str(tmp_path / "plain"), "--no-progress"],
+                               capture_output=True, text=True, timeout=300)
+        assert plain.returncode == 0 and "policies {'policy': 1}" in plain.stdout, plain.stderr[-3000:]
         return
     missing = subprocess.run([sys.executable, "-m", "iws_bringup.cli", "collect", "--mix", "policy=1", "--episodes", "1",
                               "--out", str(tmp_path / "none")], capture_output=True, text=True, timeout=120)

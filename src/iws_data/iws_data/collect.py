@@ -81,8 +81,6 @@ class CheckpointPlayer:
     def __init__(self, checkpoint: str | Path, profile: RobotProfile, sim, action_horizon: int | None = None):
         from iws_policy.node import make_runner
 
-        if str(checkpoint) == "expert":
-            raise ValueError("--policy takes an `iws policy train` checkpoint; the scripted expert is --mix expert=1")
         self.sim = sim
         self.runner = make_runner(str(checkpoint), profile, action_horizon=action_horizon)
 
@@ -279,9 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mix", default=None,
                         help=f"policy weights (default {DEFAULT_MIX}; policy=1 when --policy is given)")
     parser.add_argument("--policy", default=None, metavar="CKPT",
-                        help="a trained policy (iws policy train), or 'expert:noise=STD' (the pixel expert with "
-                             "noisy commands), acting on the camera image: rollouts of the policies you will "
-                             "evaluate, as world-model training data")
+                        help="a trained policy (iws policy train), or 'expert' / 'expert:noise=STD' (the pixel "
+                             "expert, as in iws evaluate, its commands optionally noised), acting on the camera "
+                             "image: rollouts of the policies you will evaluate, as world-model training data "
+                             "(--mix expert=1 is the task's scripted expert, which reads the simulator's state)")
     parser.add_argument("--action-horizon", type=int, default=None,
                         help="with --policy: commands executed per predicted chunk (default: the checkpoint's)")
     parser.add_argument("--storage", default=DEFAULT_STORAGE, choices=sorted(STORAGES))
