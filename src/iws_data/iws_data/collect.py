@@ -72,7 +72,8 @@ POLICIES = {"expert": None, "random": "smooth_random", "contact": "contact_seeki
 
 
 class CheckpointPlayer:
-    """A trained Diffusion Policy (an `iws policy train` checkpoint) as a source of play data.
+    """A trained Diffusion Policy (an `iws policy train` checkpoint), or the pixel expert ('expert',
+    'expert:noise=STD'), as a source of play data.
 
     It acts on the camera image that the bag records, as it would through ROS. Rollouts of the
     policies you mean to evaluate are the contacts a world model must get right before it can judge
