@@ -815,6 +815,35 @@ def test_network_shapes_and_dtypes():
         net.joint_head(latent)  # this head reads the producing command: forgetting it must not pass silently
 
 
+def test_patched_dynamics_runs_a_finer_latent_on_the_same_token_grid(tmp_path, dataset_dir):
+    cfg, _ = load_config(TINY)
+    fine = dataclasses.replace(cfg, encoder_channels=cfg.encoder_channels[:1], dynamics_patch=2, action_map_channels=4)
+    fine.validate()
+    assert fine.latent_size == 2 * cfg.latent_size
+    coarse, net = WorldModelNetwork(cfg, joint_dim=2), WorldModelNetwork(fine, joint_dim=2).eval()
+    # one token per 2x2 block of cells: the stem reads 4 cells' channels, the grid is the coarse one's
+    assert net.dynamics.stem.in_channels == 4 * coarse.dynamics.stem.in_channels
+    assert net.dynamics.action_map[-1].unflattened_size[-1] == cfg.latent_size
+    side = fine.latent_size
+    frames, t, a = torch.randn(2, 4, fine.latent_channels, side, side), torch.full((2, 4), 15), torch.rand(2, 4, 2)
+    with torch.no_grad():
+        assert net.dynamics(frames, t, t, a).shape == frames.shape
+    with pytest.raises(ConfigError, match="dynamics_patch"):
+        dataclasses.replace(cfg, dynamics_patch=3).validate()
+    # and it trains and rolls out end to end
+    text = TINY.read_text().replace("encoder_channels: [8, 16]", "encoder_channels: [8]\n  dynamics_patch: 2")
+    assert text != TINY.read_text()
+    config = tmp_path / "tiny_patch.yaml"
+    config.write_text(text)
+    out = tmp_path / "patch"
+    assert train.main(["--config", str(config), "--data", str(dataset_dir), "--out", str(out), "--steps", "3",
+                       "--device", "cpu"]) == 0
+    world = WorldModel.load(out)
+    assert world.config.dynamics_patch == 2 and world.config.latent_size == 16
+    steps = rollout(world, dataset_dir, seed=0)
+    assert steps[-1][0].shape == (32, 32, 3) and np.isfinite(steps[-1][1]).all()
+
+
 def test_world_model_step_contract_single_and_batched(run_dir, dataset_dir):
     world = WorldModel.load(run_dir)
     images, joints, actions, future = episode_start(dataset_dir, 3)

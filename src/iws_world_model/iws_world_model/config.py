@@ -32,6 +32,7 @@ class ModelConfig:
     dynamics_spatial_attention: bool = False  # one per-frame spatial attention after the last block
     dynamics_objective: str = "consistency"   # "consistency" or "mse" (the deterministic baseline)
     dynamics_skip: str = "none"             # "last": next latent = newest history latent + output; "gated": + a per-cell gate on it
+    dynamics_patch: int = 1                 # >1: the dynamics runs on p x p patches of the latent (a finer latent at the same cost)
     window: int = 4                         # K: history frames the newest frame attends to
     embed_dim: int = 64                     # noise-level and action embedding width
     action_hidden: int = 128
@@ -73,6 +74,9 @@ class ModelConfig:
             bad("dynamics_heads", f"{self.dynamics_heads} must divide every dynamics width {self.dynamics_channels}")
         if self.decode_steps not in (1, 2, 3):
             bad("decode_steps", f"must be 1, 2 or 3, got {self.decode_steps!r}")
+        if not isinstance(self.dynamics_patch, int) or self.dynamics_patch < 1 or self.latent_size % self.dynamics_patch:
+            bad("dynamics_patch", f"must be a positive integer dividing the latent size {self.latent_size}, "
+                                  f"got {self.dynamics_patch!r}")
         if self.dynamics_steps not in (1, 2, 3):
             bad("dynamics_steps", f"must be 1, 2 or 3, got {self.dynamics_steps!r}")
         if self.dynamics_objective not in ("consistency", "mse"):

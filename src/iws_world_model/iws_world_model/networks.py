@@ -230,12 +230,16 @@ class Dynamics(nn.Module):
     FiLM scales channels everywhere alike, so it cannot say *where* the commanded arm is. With
     ``action_map_channels`` > 0 an MLP also paints the action as a learned latent-resolution map that
     is added to the stem: the arm's place follows the command instead of drifting with the history.
+
+    With ``dynamics_patch`` p > 1 each p x p block of latent cells is one token (pixel unshuffle in,
+    pixel shuffle out): a finer latent, which draws a small object over more cells, at the cost
+    of the coarser one.
     """
 
     def __init__(self, cfg: ModelConfig, action_dim: int):
         super().__init__()
-        self.window = cfg.window
-        lat, widths = cfg.latent_channels, cfg.dynamics_channels
+        self.window, self.patch = cfg.window, cfg.dynamics_patch
+        lat, widths = cfg.latent_channels * cfg.dynamics_patch ** 2, cfg.dynamics_channels
         emb_dim = 2 * cfg.embed_dim + cfg.embed_dim
         self.noise_embedding = NoiseEmbedding(cfg.embed_dim)
         self.action_embedding = nn.Sequential(
@@ -244,7 +248,7 @@ class Dynamics(nn.Module):
         self.stem = conv3(lat, widths[0])
         self.action_map = None
         if cfg.action_map_channels:
-            side, c = cfg.latent_size, cfg.action_map_channels
+            side, c = cfg.latent_size // cfg.dynamics_patch, cfg.action_map_channels
             self.action_map = nn.Sequential(
                 nn.Linear(action_dim, cfg.action_hidden), nn.SiLU(), nn.Linear(cfg.action_hidden, cfg.action_hidden),
                 nn.SiLU(), nn.Linear(cfg.action_hidden, c * side * side), nn.Unflatten(1, (c, side, side)))
@@ -259,7 +263,8 @@ class Dynamics(nn.Module):
         self.out_norm = group_norm(cin + widths[0])
         # dynamics_skip "gated": one more output channel, the logit of the gate on the newest history
         # latent (world_model.next_latent_estimate); zero-initialised, the gate starts half open.
-        self.out = zero_init(conv3(cin + widths[0], lat + (cfg.dynamics_skip == "gated")))
+        self.out = zero_init(conv3(cin + widths[0], (cfg.latent_channels + (cfg.dynamics_skip == "gated"))
+                                   * cfg.dynamics_patch ** 2))
 
     def new_cache(self) -> list[dict]:
         return [{} for _ in self.attention]
@@ -271,7 +276,7 @@ class Dynamics(nn.Module):
         b, f = latents.shape[:2]
         emb = torch.cat([self.noise_embedding(t.flatten(), s.flatten()), self.action_embedding(actions.flatten(0, 1))], -1)
         emb = F.silu(emb)
-        first = self.stem(latents.flatten(0, 1))
+        first = self.stem(F.pixel_unshuffle(latents.flatten(0, 1), self.patch) if self.patch > 1 else latents.flatten(0, 1))
         if self.action_map is not None:
             first = first + self.action_stem(self.action_map(actions.flatten(0, 1)))
         h = first
@@ -282,6 +287,8 @@ class Dynamics(nn.Module):
         if self.spatial is not None:
             h = self.spatial(h)
         h = self.out(F.silu(self.out_norm(torch.cat([h, first], 1))))
+        if self.patch > 1:
+            h = F.pixel_shuffle(h, self.patch)
         return h.reshape(b, f, *h.shape[1:])
 
 
