@@ -157,14 +157,20 @@ def test_learning_rate_override(tmp_path, dataset_dir):
     assert state["optimizer"]["param_groups"][0]["initial_lr"] == pytest.approx(1e-5)
 
 
-def test_mse_baseline_trains_and_rolls_out(tmp_path, dataset_dir):
-    text = TINY.read_text().replace("decode_steps: 1", "decode_steps: 1\n  dynamics_objective: mse")
-    cfg = tmp_path / "tiny_mse.yaml"
-    cfg.write_text(text)
-    out = tmp_path / "mse"
-    assert train.main(["--config", str(cfg), "--data", str(dataset_dir), "--out", str(out), "--steps", "5",
+def train_tiny_variant(tmp_path: Path, dataset_dir: Path, name: str, old: str, new: str, steps: int) -> WorldModel:
+    """The tiny config with one line replaced, trained ``steps`` per stage into tmp_path/name and loaded."""
+    text = TINY.read_text().replace(old, new)
+    assert text != TINY.read_text(), f"{old!r} is not in {TINY.name}"
+    config = tmp_path / f"tiny_{name}.yaml"
+    config.write_text(text)
+    out = tmp_path / name
+    assert train.main(["--config", str(config), "--data", str(dataset_dir), "--out", str(out), "--steps", str(steps),
                        "--device", "cpu"]) == 0
-    world = WorldModel.load(out)
+    return WorldModel.load(out)
+
+
+def test_mse_baseline_trains_and_rolls_out(tmp_path, dataset_dir):
+    world = train_tiny_variant(tmp_path, dataset_dir, "mse", "decode_steps: 1", "decode_steps: 1\n  dynamics_objective: mse", 5)
     assert world.config.dynamics_objective == "mse"
     a, b = rollout(world, dataset_dir, seed=1), rollout(world, dataset_dir, seed=2)
     assert a[0][0].shape == (32, 32, 3)
@@ -831,14 +837,8 @@ def test_patched_dynamics_runs_a_finer_latent_on_the_same_token_grid(tmp_path, d
     with pytest.raises(ConfigError, match="dynamics_patch"):
         dataclasses.replace(cfg, dynamics_patch=3).validate()
     # and it trains and rolls out end to end
-    text = TINY.read_text().replace("encoder_channels: [8, 16]", "encoder_channels: [8]\n  dynamics_patch: 2")
-    assert text != TINY.read_text()
-    config = tmp_path / "tiny_patch.yaml"
-    config.write_text(text)
-    out = tmp_path / "patch"
-    assert train.main(["--config", str(config), "--data", str(dataset_dir), "--out", str(out), "--steps", "3",
-                       "--device", "cpu"]) == 0
-    world = WorldModel.load(out)
+    world = train_tiny_variant(tmp_path, dataset_dir, "patch", "encoder_channels: [8, 16]",
+                               "encoder_channels: [8]\n  dynamics_patch: 2", 3)
     assert world.config.dynamics_patch == 2 and world.config.latent_size == 16
     steps = rollout(world, dataset_dir, seed=0)
     assert steps[-1][0].shape == (32, 32, 3) and np.isfinite(steps[-1][1]).all()

@@ -232,8 +232,8 @@ class Dynamics(nn.Module):
     is added to the stem: the arm's place follows the command instead of drifting with the history.
 
     With ``dynamics_patch`` p > 1 each p x p block of latent cells is one token (pixel unshuffle in,
-    pixel shuffle out): a finer latent, which draws a small object over more cells, at the cost
-    of the coarser one.
+    pixel shuffle out): a finer latent, which draws a small object over more cells, at the step
+    cost of the coarser one.
     """
 
     def __init__(self, cfg: ModelConfig, action_dim: int):
