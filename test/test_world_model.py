@@ -666,12 +666,8 @@ def test_dynamics_skip_starts_as_a_copy_of_the_last_latent(tmp_path, dataset_dir
     for j in (-2, -1):
         assert (own[:, j] - history[:, -3]).abs().max().item() < 1e-2
 
-    config = tmp_path / f"tiny_{skip}.yaml"  # through the trainer, into the checkpoint and back
-    config.write_text(TINY.read_text().replace("decode_steps: 1", f"decode_steps: 1\n  dynamics_skip: {skip}"))
-    out = tmp_path / "run"
-    assert train.main(["--config", str(config), "--data", str(dataset_dir), "--out", str(out), "--steps", "5",
-                       "--device", "cpu"]) == 0
-    world = WorldModel.load(out)
+    # through the trainer, into the checkpoint and back
+    world = train_tiny_variant(tmp_path, dataset_dir, skip, "decode_steps: 1", f"decode_steps: 1\n  dynamics_skip: {skip}", 5)
     assert world.config.dynamics_skip == skip
     assert np.isfinite(rollout(world, dataset_dir, seed=0)[-1][1]).all()
 
