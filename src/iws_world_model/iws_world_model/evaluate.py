@@ -360,12 +360,13 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
              progress: bool = True, dynamics_steps: int | None = None, autoencoder: bool = False,
              one_step: bool = False, history_level: int | None = None, reencode: bool = False,
              physics_nudge: tuple[float, ...] = (), seed_spread: bool = False,
-             snap_threshold: float | None = None) -> dict:
+             snap_threshold: float | None = None, start_history_level: int | None = None) -> dict:
     """Run the open-loop protocol; writes OUT/openloop.json and the videos, returns the report.
     ``dynamics_steps`` overrides the model's consistency jumps per step (not the MSE baseline's);
     ``autoencoder`` adds the reconstructed real frames as a reference row (the dynamics' ceiling);
     ``one_step`` adds the model's one-step predictions from real history (teacher forcing);
     ``history_level`` overrides the noise label of the model's history at inference;
+    ``start_history_level`` labels the real start frames alone (default: as the rest of the history);
     ``snap_threshold`` overrides the model's (latent cells that barely move keep their value);
     ``physics_nudge`` adds, per size, the reference simulator's own replay, the T nudged by that many mm / deg;
     ``seed_spread`` rolls the model out again under seed + 1 and reports how far the two rollouts differ."""
@@ -378,7 +379,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
     device = device or default_device()
     try:
         world = WorldModel.load(model, device, dynamics_steps=dynamics_steps, history_level=history_level,
-                               reencode=reencode, snap_threshold=snap_threshold)
+                               reencode=reencode, snap_threshold=snap_threshold, start_history_level=start_history_level)
     except ValueError as exc:  # an override outside the config's rules
         raise EvalError(str(exc)) from exc
     dataset = Dataset(data)
@@ -468,7 +469,8 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
             "episodes_per_step": cut.valid.sum(0), "seed": seed, "device": str(world.device),
             "psnr_cap_db": metrics.PSNR_CAP_DB, "decode_steps": world.decode_steps,
             "dynamics_steps": world.dynamics_steps,
-            "history_level": world.history_level, "reencode": world.reencode, "snap_threshold": world.snap_threshold,
+            "history_level": world.history_level, "start_history_level": world.start_history_level,
+            "reencode": world.reencode, "snap_threshold": world.snap_threshold,
             "physics_nudge": list(physics_nudge),
             "seed_spread": seed + 1 if seed_spread else None,
             "pose_metrics": pose_note or "T pose by iws_reference_robot.perception on frames upscaled to the camera "
@@ -553,6 +555,8 @@ def openloop_main(argv: list[str] | None = None) -> int:
                    help="feed the dynamics the encoder's latent of each rendered frame instead of its predicted latent")
     p.add_argument("--history-level", type=int, default=None,
                    help="noise level the history is labelled with at inference (default: the model config's history_level)")
+    p.add_argument("--start-history-level", type=int, default=None,
+                   help="noise level the real start frames alone are labelled with (default: as the history)")
     p.add_argument("--snap-threshold", type=float, default=None,
                    help="latent cells the dynamics moves less than this keep their value; 0 = off "
                         "(default: the model config's snap_threshold)")
@@ -564,7 +568,7 @@ def openloop_main(argv: list[str] | None = None) -> int:
                           args.seed, args.split, not args.no_pose, args.device, dynamics_steps=args.dynamics_steps,
                           autoencoder=args.autoencoder, one_step=args.one_step, history_level=args.history_level,
                           reencode=args.reencode, snap_threshold=args.snap_threshold,
-                          physics_nudge=args.physics_nudge, seed_spread=args.seed_spread)
+                          start_history_level=args.start_history_level, physics_nudge=args.physics_nudge, seed_spread=args.seed_spread)
     except (EvalError, DatasetError, CheckpointError) as exc:
         print(f"iws eval openloop: error: {exc}", file=sys.stderr)
         return 2

@@ -73,7 +73,8 @@ class WorldModel:
     def __init__(self, network: WorldModelNetwork, normalization: dict, meta: dict | None = None,
                  device: str | torch.device = "cpu", decode_steps: int | None = None, streaming: bool | None = None,
                  max_command_step=None, dynamics_steps: int | None = None, channels_last: bool | None = None,
-                 history_level: int | None = None, reencode: bool = False, snap_threshold: float | None = None):
+                 history_level: int | None = None, reencode: bool = False, snap_threshold: float | None = None,
+                 start_history_level: int | None = None):
         self.device = torch.device(device)
         self.network = network.to(self.device).eval()
         # On the CPU, oneDNN convolutions run faster on channels-last weights: the push_t model steps
@@ -94,12 +95,16 @@ class WorldModel:
         # The noise level the history is labelled with at inference (training noised it at 1..99):
         # an inference-time choice, so an evaluation may sweep it without retraining.
         self.history_level = self.config.history_level if history_level is None else history_level
+        # The label of the observed start frames only (None: ``history_level``, as for the model's own
+        # frames). Real frames carry none of the rollout's errors that the history noise stands for.
+        self.start_history_level = self.history_level if start_history_level is None else start_history_level
         # A latent cell the dynamics moves less than this (L2 over its channels) keeps its previous
         # value exactly (``_snap``); also an inference-time choice.
         self.snap_threshold = self.config.snap_threshold if snap_threshold is None else snap_threshold
         # The overrides meet the config's own rules (ConfigError is a ValueError).
-        dataclasses.replace(self.config, dynamics_steps=self.dynamics_steps, history_level=self.history_level,
-                            snap_threshold=self.snap_threshold).validate("WorldModel")
+        for level in {self.history_level, self.start_history_level}:
+            dataclasses.replace(self.config, dynamics_steps=self.dynamics_steps, history_level=level,
+                                snap_threshold=self.snap_threshold).validate("WorldModel")
         self.streaming = self.config.streaming if streaming is None else streaming
         # Feed the dynamics the encoder's latent of each frame it rendered instead of the latent it
         # predicted: the history is then always a latent of an image, as in training.
@@ -181,8 +186,10 @@ class WorldModel:
         side = self.config.latent_size
         return (self.config.latent_channels, side, side)
 
-    def _history_label(self) -> int:
-        return self.history_level if self.config.dynamics_objective == "consistency" else 0
+    def _history_label(self, start: bool = False) -> int:
+        if self.config.dynamics_objective != "consistency":
+            return 0
+        return self.start_history_level if start else self.history_level
 
     def _labels(self, n: int, frames: int, level: int) -> torch.Tensor:
         return torch.full((n, frames), level, dtype=torch.long, device=self.device)
@@ -258,11 +265,12 @@ class WorldModel:
         window = self.config.window
         if self.streaming:
             self._cache = self.network.dynamics.new_cache()
-            self.network.dynamics(latents, self._labels(n, k, self._history_label()),
-                                  self._labels(n, k, self._history_label()), leading, self._cache, commit=k)
+            start = self._labels(n, k, self._history_label(start=True))
+            self.network.dynamics(latents, start, start, leading, self._cache, commit=k)
             self._pending = None
         else:
             self._history, self._history_actions = latents[:, -window:], leading[:, -window:]
+            self._history_levels = self._labels(n, self._history.shape[1], self._history_label(start=True))
 
     def limit_command(self, action):
         """The command moved to within ``max_command_step`` of the current joints, as a drive limits it."""
@@ -296,10 +304,11 @@ class WorldModel:
         else:
             frames = torch.cat([self._history, target], 1)
             actions = torch.cat([self._history_actions, a[:, None]], 1)
-            t = torch.cat([self._labels(n, frames.shape[1] - 1, hist), self._labels(n, 1, top)], 1)
+            t = torch.cat([self._history_levels, self._labels(n, 1, top)], 1)
             latent = self._predict(frames, actions, t, 0, self.latent)
             window = self.config.window
             self._history = torch.cat([self._history, latent[:, None]], 1)[:, -window:]
+            self._history_levels = torch.cat([self._history_levels, self._labels(n, 1, hist)], 1)[:, -window:]
             self._history_actions = torch.cat([self._history_actions, a[:, None]], 1)[:, -window:]
         image = tensor_to_images(self.decode(latent))
         if self.reencode:
