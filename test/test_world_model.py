@@ -447,6 +447,54 @@ def test_dynamics_pixel_weight_trains_the_dynamics_through_the_frozen_decoder(tm
     assert np.isfinite(stats["pixels_last"]) and stats["pixels_last"] > 0
 
 
+def test_adversarial_term_trains_a_critic_beside_the_dynamics(tmp_path, dataset_dir, run_dir):
+    """dynamics_adversarial_weight: a patch critic learns in step with the dynamics (one hinge step per
+    batch); after critic_warmup steps alone its pull on the dynamics is that fraction of the latent
+    loss's gradient at the output layer; it is no part of the checkpoint, and --resume takes it up
+    where it stopped."""
+    extra = "  dynamics_adversarial_weight: 0.5\n  critic_warmup: 2"
+    objective, cfg_path, _, _ = self_forcing_setup(tmp_path, dataset_dir, run_dir, extra)
+    assert objective.critic is not None
+    assert not {id(p) for p in objective.critic.parameters()} & {id(p) for p in objective.trainable_parameters()}
+    data = train.WindowData(Dataset(dataset_dir), objective.network.config.window + 1)
+    batch = torch.utils.data.default_collate([data[i] for i in range(16)])
+    before = [p.detach().clone() for p in objective.critic.parameters()]
+    objective.train()
+    terms = objective(batch)
+    assert terms["critic"] > 0 and torch.isfinite(terms["adversarial"])
+    assert any(not torch.equal(a, b) for a, b in zip(before, objective.critic.parameters()))  # the critic stepped
+    layer = objective.network.dynamics.out.weight
+    plain = train.StageObjective(objective.network, 2, dataclasses.replace(objective.train_cfg, dynamics_adversarial_weight=0.0),
+                                 checkpoint.load(run_dir)[1]["normalization"])
+    assert plain.critic is None
+
+    def gradient(of):
+        torch.manual_seed(0)
+        return torch.autograd.grad(of(batch)["loss"], layer)[0]
+
+    latent_grad = gradient(plain)
+    objective.critic_optimizer.param_groups[0]["lr"] = 0.0  # the same critic for the passes below
+    assert torch.equal(gradient(objective), latent_grad)   # critic step 2 of a warm-up of 2: no pull yet
+    total_grad = gradient(objective)                        # step 3: the pull is on
+    # The adversarial share of the gradient: half the latent loss's norm (the joint head has no
+    # weight at this layer, so the difference is the critic's pull alone).
+    pull = torch.linalg.vector_norm(total_grad - latent_grad)
+    assert float(pull) == pytest.approx(0.5 * float(torch.linalg.vector_norm(latent_grad)), rel=1e-3)
+
+    out = tmp_path / "adversarial"
+    args = ["--config", str(cfg_path), "--data", str(dataset_dir), "--out", str(out), "--stage", "2",
+            "--init-weights", str(run_dir), "--device", "cpu"]
+    assert train.main(args + ["--steps", "3"]) == 0
+    state = torch.load(out / train.STATE, weights_only=False)
+    assert state["objective"]["critic_optimizer"]["state"][0]["step"] == 3
+    assert not any(name.startswith("critic") for name in load_file(str(out / checkpoint.WEIGHTS)))
+    assert train.main(args + ["--steps", "5", "--resume"]) == 0
+    state = torch.load(out / train.STATE, weights_only=False)
+    assert state["objective"]["critic_optimizer"]["state"][0]["step"] == 5  # resumed, not restarted
+    stats = json.loads((out / checkpoint.CONFIG).read_text())["training"]["stages"]["2"]
+    assert np.isfinite(stats["adversarial_last"]) and stats["critic_last"] > 0
+
+
 def test_dataset_packed_for_a_gpu_machine_unpacks_to_the_same_bytes(tmp_path, dataset_dir):
     """tools/dataset_xz.py (how push_t's 3.3 GB travel to a lent GPU as 20 MB): every file and every
     byte of the images comes back, with more parts than jobs and a last part shorter than the rest."""
@@ -951,6 +999,31 @@ def test_streaming_world_matches_window_recompute_on_first_step(run_dir, dataset
     assert np.abs(image_a.astype(int) - image_b.astype(int)).max() <= 1
 
 
+def test_start_frames_take_their_own_history_label(run_dir, dataset_dir):
+    """``start_history_level`` labels only the observed start frames: streaming and recomputing agree
+    on it, it changes the first step, and it is the plain model where it equals ``history_level``."""
+    plain = WorldModel.load(run_dir)
+    (image, _), = rollout(plain, dataset_dir, 3, steps=1)
+    level = plain.history_level
+    same = WorldModel.load(run_dir, start_history_level=level)
+    rollout(same, dataset_dir, 3, steps=1)
+    assert torch.equal(same.latent, plain.latent)
+    other = 1 if level != 1 else 50
+    streaming = WorldModel.load(run_dir, start_history_level=other)
+    recompute = WorldModel.load(run_dir, start_history_level=other, streaming=False)
+    rollout(streaming, dataset_dir, 3, steps=1), rollout(recompute, dataset_dir, 3, steps=1)
+    torch.testing.assert_close(streaming.latent, recompute.latent, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(streaming.latent, plain.latent, atol=1e-4)
+    # The model's own frames keep history_level: once the start frames have left the window, every
+    # label the recomputing model gives its history is history_level.
+    assert int(recompute._history_levels[0, -1]) == level and int(recompute._history_levels[0, 0]) == other
+    for action in episode_start(dataset_dir, recompute.config.window)[3][1:recompute.config.window + 1]:
+        recompute.step(action)
+    assert (recompute._history_levels == level).all()
+    with pytest.raises(ConfigError, match="history_level"):
+        WorldModel.load(run_dir, start_history_level=5000)
+
+
 def test_channels_last_layout_gives_the_same_step(run_dir, dataset_dir):
     """The CPU default lays the weights out channels-last for speed; the prediction must not change."""
     fast, plain = WorldModel.load(run_dir), WorldModel.load(run_dir, channels_last=False)
@@ -1000,7 +1073,8 @@ def test_config_errors_name_the_key(tmp_path):
                        ("self_forcing_min_frames", 3), ("motion_oversample", 0.5), ("motion_min_pixels", 0),
                        ("dynamics_distance", "l3"), ("dynamics_jump_levels", "all"), ("object_loss_weight", -1.0),
                        ("stage4_self_forcing_fraction", 2.0), ("stage4_self_forcing_min_frames", 17),
-                       ("stage3_predicted_fraction", 1.5), ("stage3_chain_frames", 0), ("dynamics_pixel_weight", -1.0)):
+                       ("stage3_predicted_fraction", 1.5), ("stage3_chain_frames", 0), ("dynamics_pixel_weight", -1.0),
+                       ("dynamics_adversarial_weight", -0.1), ("critic_lr", 0), ("critic_warmup", -1)):
         bad.write_text(f"train:\n  {key}: {value}\n")
         with pytest.raises(ConfigError, match=key):
             load_config(bad)
@@ -1029,7 +1103,7 @@ def test_config_errors_name_the_key(tmp_path):
     assert {p.stem for p in shipped} >= {"push_t", "push_t_mse", "push_t_jumps", "push_t_chain", "push_t_deep", "push_t_l1",
                                           "push_t_sampled", "push_t_object", "push_t_residual", "push_t_gated", "push_t_curriculum",
                                           "push_t_decoder_predicted", "push_t_pixels", "push_t_quiet_history", "push_t_curriculum_quiet",
-                                          "push_t_fine_latent",
+                                          "push_t_fine_latent", "push_t_adversarial",
                                           "paper_128", "tiny"}
     for path in shipped:
         load_config(path)

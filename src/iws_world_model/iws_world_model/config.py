@@ -133,6 +133,12 @@ class TrainConfig:
     motion_min_pixels: int = 6       # object-mask pixels (at the dataset's image size) that must change from the last history frame
     object_loss_weight: float = 0.0  # stage 2: latent cells on the task's object (where it is in the target or was in the last history frame) weigh 1 + this in the dynamics loss
     dynamics_pixel_weight: float = 0.0  # stages 2 and 4: + this x the pixel MSE of the predicted latent decoded (frozen decoder) against the real frame
+    # stages 2 and 4: + a critic's verdict on the predicted latent (a patch critic trained beside the
+    # dynamics to tell real next latents from predicted ones, both after the real previous latent),
+    # scaled to this fraction of the latent loss's gradient at the dynamics' output layer. 0: off.
+    dynamics_adversarial_weight: float = 0.0
+    critic_lr: float = 4e-4
+    critic_warmup: int = 200  # critic steps before its verdict reaches the dynamics (a fresh critic's pull is noise)
     stage3_latent_noise: float = 0.02
     stage3_predicted_fraction: float = 0.0  # stage 3: share of the batch decoded from the dynamics' own prediction of the frame, not the encoder's latent
     stage3_chain_frames: int = 4            # that prediction ends a chain of 1..this many own predictions (drawn per batch)
@@ -164,6 +170,12 @@ class TrainConfig:
             raise ConfigError(f"{where}.motion_oversample: must be >= 1 (1: off), got {self.motion_oversample!r}")
         if not self.dynamics_pixel_weight >= 0:
             raise ConfigError(f"{where}.dynamics_pixel_weight: must be >= 0 (0: off), got {self.dynamics_pixel_weight!r}")
+        if not self.dynamics_adversarial_weight >= 0:
+            raise ConfigError(f"{where}.dynamics_adversarial_weight: must be >= 0 (0: off), got {self.dynamics_adversarial_weight!r}")
+        if not isinstance(self.critic_warmup, int) or self.critic_warmup < 0:
+            raise ConfigError(f"{where}.critic_warmup: must be an integer >= 0, got {self.critic_warmup!r}")
+        if not self.critic_lr > 0:
+            raise ConfigError(f"{where}.critic_lr: must be positive, got {self.critic_lr!r}")
         if not self.object_loss_weight >= 0:
             raise ConfigError(f"{where}.object_loss_weight: must be >= 0 (0: off), got {self.object_loss_weight!r}")
         if self.motion_min_pixels < 1:

@@ -292,6 +292,31 @@ class Dynamics(nn.Module):
         return h.reshape(b, f, *h.shape[1:])
 
 
+class LatentCritic(nn.Module):
+    """Patch critic for the dynamics' adversarial term (training only, never in a checkpoint): it
+    reads a previous latent and a next latent side by side and scores each 2x2 patch of cells
+    real (positive) or predicted (negative).
+
+    The why: the one-jump dynamics regresses the next latent's mean, and where it is unsure it
+    draws the average of the outcomes: push_t's T becomes a three-armed blob from the first step
+    (docs/results/world_model_experiments.md). A critic that knows what a real successor looks like
+    penalises the average and leaves a committed, sharp outcome to the latent loss to place."""
+
+    # A step changes few cells by little (a predicted latent is ~0.01 RMS off the real one): the
+    # critic reads the change from the previous latent magnified, or it starts blind to it.
+    CHANGE_SCALE = 10.0
+
+    def __init__(self, latent_channels: int, width: int = 64):
+        super().__init__()
+        act = lambda: nn.LeakyReLU(0.2)
+        self.net = nn.Sequential(
+            conv3(2 * latent_channels, width), act(), conv3(width, width), act(),
+            conv3(width, 2 * width, stride=2), act(), nn.Conv2d(2 * width, 1, 1))
+
+    def forward(self, previous: torch.Tensor, following: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([previous, self.CHANGE_SCALE * (following - previous)], 1))
+
+
 class JointHead(nn.Module):
     """Joint positions (normalised) read off one latent: two stride-2 convs and an MLP. With
     ``joint_head_action`` the command that produced the frame enters the MLP too: a position-

@@ -15,7 +15,7 @@ from torch import nn
 
 from .config import ModelConfig, TrainConfig
 from .consistency import Schedule, consistency_loss, intermediate_levels, noise_like, sample_jump_times, sample_uniform_times
-from .networks import WorldModelNetwork, normalize_latent
+from .networks import LatentCritic, WorldModelNetwork, normalize_latent
 from .world_model import images_to_tensor, next_latent_estimate
 
 TRAINED = {1: ("encoder", "decoder"), 2: ("dynamics", "joint_head"), 3: ("decoder",)}
@@ -30,6 +30,23 @@ class StageObjective(nn.Module):
             self.register_buffer(key, torch.tensor(normalization[key], dtype=torch.float32), persistent=False)
         for name in ("encoder", "decoder", "dynamics", "joint_head"):
             getattr(network, name).requires_grad_(name in TRAINED[stage])
+        # The dynamics' adversarial term: a critic of its own, trained in step with it (its_step in
+        # dynamics_loss). Not part of the network: a checkpoint holds none; train_state.pt does.
+        self.critic = self.critic_optimizer = None
+        if stage == 2 and train.dynamics_adversarial_weight > 0:
+            self.critic = LatentCritic(network.config.latent_channels)
+            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=train.critic_lr, betas=(0.5, 0.9))
+
+    def extra_state(self) -> dict:
+        """What a resumed stage needs besides the network and its optimizer: the critic, if any."""
+        if self.critic is None:
+            return {}
+        return {"critic": self.critic.state_dict(), "critic_optimizer": self.critic_optimizer.state_dict()}
+
+    def load_extra_state(self, state: dict) -> None:
+        if self.critic is not None and state.get("critic"):
+            self.critic.load_state_dict(state["critic"])
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for name in TRAINED[self.stage] for p in getattr(self.network, name).parameters()]
@@ -150,6 +167,11 @@ class StageObjective(nn.Module):
             trained = distance.flatten(1).mean(1)
         dynamics = trained.mean()
         terms = {}
+        if self.critic is not None:  # latents[:, -2] is the real previous frame, whatever the history was
+            adversarial, terms["critic"] = self._adversarial(latents[:, -2], target, normalize_latent(prediction))
+            terms["adversarial"] = adversarial
+            if self.critic_steps() > self.train_cfg.critic_warmup:
+                dynamics = dynamics + self._adversarial_scale(dynamics, adversarial) * adversarial
         if self.train_cfg.dynamics_pixel_weight > 0:
             terms["pixels"] = self._decoded_error(normalize_latent(prediction), batch)
             dynamics = dynamics + self.train_cfg.dynamics_pixel_weight * terms["pixels"]
@@ -161,6 +183,34 @@ class StageObjective(nn.Module):
         return {"loss": dynamics + self.train_cfg.joint_loss_weight * joint,
                 "dynamics": (per_sample[one_jump] if one_jump.any() else per_sample).mean().detach(), "joint": joint.detach(),
                 **{k: v.detach() for k, v in terms.items()}}
+
+    def critic_steps(self) -> int:
+        """Steps the critic has taken, resumed runs included (its optimizer counts them)."""
+        state = self.critic_optimizer.state.get(next(self.critic.parameters()), {})
+        return int(state.get("step", 0))
+
+    def _adversarial(self, previous: torch.Tensor, target: torch.Tensor, predicted: torch.Tensor):
+        """One hinge step of the critic on this batch (when training), then the dynamics' term: minus
+        the critic's mean score of its prediction. Returns (term, the critic's loss)."""
+        critic_loss = torch.zeros((), device=target.device)
+        if self.training and torch.is_grad_enabled():
+            real, fake = self.critic(previous, target), self.critic(previous, predicted.detach())
+            critic_loss = F.relu(1 - real).mean() + F.relu(1 + fake).mean()
+            self.critic_optimizer.zero_grad(set_to_none=True)
+            critic_loss.backward()
+            self.critic_optimizer.step()
+        return -self.critic(previous, predicted).mean(), critic_loss.detach()
+
+    def _adversarial_scale(self, latent_loss: torch.Tensor, adversarial: torch.Tensor) -> torch.Tensor:
+        """``dynamics_adversarial_weight`` times the ratio of the two terms' gradient norms at the
+        dynamics' output layer (VQGAN's adaptive weight): the critic's pull stays that fraction of
+        the latent loss's however the two scales drift."""
+        if not torch.is_grad_enabled():
+            return torch.zeros((), device=latent_loss.device)
+        layer = self.network.dynamics.out.weight
+        latent_grad = torch.autograd.grad(latent_loss, layer, retain_graph=True)[0].norm()
+        critic_grad = torch.autograd.grad(adversarial, layer, retain_graph=True)[0].norm()
+        return self.train_cfg.dynamics_adversarial_weight * (latent_grad / (critic_grad + 1e-8)).clamp(max=1e4).detach()
 
     def _decoded_error(self, latent: torch.Tensor, batch: dict) -> torch.Tensor:
         """Pixel MSE of ``latent`` rendered as a rollout renders it (the frozen decoder's one jump

@@ -216,7 +216,7 @@ class Trainer:
         self.completed = [1] + ([3] if 3 in training.get("completed", []) else [])
         self.stats = {str(s): {**training.get("stages", {}).get(str(s), {}), "from": str(directory)} for s in self.completed}
 
-    def save(self, stage: int, step: int, optimizer, scheduler) -> None:
+    def save(self, stage: int, step: int, optimizer, scheduler, objective=None) -> None:
         if self.rank != 0:
             return
         training = {"completed": self.completed, "stages": self.stats, "current": {"stage": stage, "step": step}}
@@ -229,6 +229,7 @@ class Trainer:
         state = {"stage": stage, "step": step, "completed": self.completed, "stats": self.stats, "losses": self.losses,
                  "warm_start": self.warm_start,
                  "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                 "objective": objective.extra_state() if objective is not None else {},
                  "torch_rng": torch.get_rng_state(), "normalization": self.normalization}
         torch.save(state, self.out / (STATE + ".partial"))
         os.replace(self.out / (STATE + ".partial"), self.out / STATE)
@@ -245,8 +246,12 @@ class Trainer:
         if resume_state is not None and resume_state["stage"] == stage:
             optimizer.load_state_dict(resume_state["optimizer"])
             scheduler.load_state_dict(resume_state["scheduler"])
+            objective.load_extra_state(resume_state.get("objective", {}))
             start = resume_state["step"]
         model = objective
+        if self.world > 1 and objective.critic is not None:
+            raise ConfigError("train.dynamics_adversarial_weight: the critic steps inside the objective, which "
+                              "DistributedDataParallel cannot wrap; train it in one process")
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids)
@@ -303,18 +308,18 @@ class Trainer:
             if self.stop.signum is not None and done < steps:
                 bar.close()
                 self._summarise(stage, done, began)
-                self.save(stage, done, optimizer, scheduler)
+                self.save(stage, done, optimizer, scheduler, objective)
                 raise StopRequested(self.stop.signum, done, where=f"stage {stage} ")
             if done < steps and done % self.train_cfg.checkpoint_every == 0:
                 self._summarise(stage, done, began)
                 began = time.time()
-                self.save(stage, done, optimizer, scheduler)
+                self.save(stage, done, optimizer, scheduler, objective)
         bar.close()
         if steps > start:
             self._summarise(stage, steps, began)
         if stage not in self.completed:
             self.completed.append(stage)
-        self.save(stage, steps, optimizer, scheduler)
+        self.save(stage, steps, optimizer, scheduler, objective)
 
     def object_masks(self):
         """object_mask_pass once per process: stages 2 and 4 draw from the same frames (and share
