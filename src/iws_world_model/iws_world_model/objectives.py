@@ -30,8 +30,8 @@ class StageObjective(nn.Module):
             self.register_buffer(key, torch.tensor(normalization[key], dtype=torch.float32), persistent=False)
         for name in ("encoder", "decoder", "dynamics", "joint_head"):
             getattr(network, name).requires_grad_(name in TRAINED[stage])
-        # The dynamics' adversarial term: a critic of its own, trained in step with it (its_step in
-        # dynamics_loss). Not part of the network: a checkpoint holds none; train_state.pt does.
+        # The dynamics' adversarial term: a critic of its own, trained in step with it (one hinge step
+        # per batch, in _adversarial). Not part of the network: a checkpoint holds none; train_state.pt does.
         self.critic = self.critic_optimizer = None
         if stage == 2 and train.dynamics_adversarial_weight > 0:
             self.critic = LatentCritic(network.config.latent_channels)
