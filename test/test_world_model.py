@@ -1003,7 +1003,7 @@ def test_start_frames_take_their_own_history_label(run_dir, dataset_dir):
     """``start_history_level`` labels only the observed start frames: streaming and recomputing agree
     on it, it changes the first step, and it is the plain model where it equals ``history_level``."""
     plain = WorldModel.load(run_dir)
-    (image, _), = rollout(plain, dataset_dir, 3, steps=1)
+    rollout(plain, dataset_dir, 3, steps=1)
     level = plain.history_level
     same = WorldModel.load(run_dir, start_history_level=level)
     rollout(same, dataset_dir, 3, steps=1)
@@ -1011,7 +1011,8 @@ def test_start_frames_take_their_own_history_label(run_dir, dataset_dir):
     other = 1 if level != 1 else 50
     streaming = WorldModel.load(run_dir, start_history_level=other)
     recompute = WorldModel.load(run_dir, start_history_level=other, streaming=False)
-    rollout(streaming, dataset_dir, 3, steps=1), rollout(recompute, dataset_dir, 3, steps=1)
+    rollout(streaming, dataset_dir, 3, steps=1)
+    rollout(recompute, dataset_dir, 3, steps=1)
     torch.testing.assert_close(streaming.latent, recompute.latent, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(streaming.latent, plain.latent, atol=1e-4)
     # The model's own frames keep history_level: once the start frames have left the window, every
