@@ -216,7 +216,7 @@ class Trainer:
         self.completed = [1] + ([3] if 3 in training.get("completed", []) else [])
         self.stats = {str(s): {**training.get("stages", {}).get(str(s), {}), "from": str(directory)} for s in self.completed}
 
-    def save(self, stage: int, step: int, optimizer, scheduler, objective=None) -> None:
+    def save(self, stage: int, step: int, optimizer, scheduler, objective) -> None:
         if self.rank != 0:
             return
         training = {"completed": self.completed, "stages": self.stats, "current": {"stage": stage, "step": step}}
@@ -229,7 +229,7 @@ class Trainer:
         state = {"stage": stage, "step": step, "completed": self.completed, "stats": self.stats, "losses": self.losses,
                  "warm_start": self.warm_start,
                  "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                 "objective": objective.extra_state() if objective is not None else {},
+                 "objective": objective.extra_state(),
                  "torch_rng": torch.get_rng_state(), "normalization": self.normalization}
         torch.save(state, self.out / (STATE + ".partial"))
         os.replace(self.out / (STATE + ".partial"), self.out / STATE)
