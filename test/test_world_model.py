@@ -219,6 +219,29 @@ def test_warm_start_adds_the_action_map_without_changing_the_model(tmp_path, dat
                     "--init-weights", str(source), "--init-autoencoder", str(source)])
 
 
+def test_warm_start_onto_a_longer_window_keeps_the_trained_distance_biases(tmp_path, dataset_dir, run_dir):
+    """--init-weights from a 3-frame history onto a 5-frame one: every tensor is taken, each temporal
+    attention's bias per frame distance keeps its trained values, the new distances start at the
+    farthest trained one, and the longer model rolls out from 5 real frames."""
+    longer = tmp_path / "window5.yaml"
+    longer.write_text(TINY.read_text().replace("window: 3", "window: 5"))
+    out = tmp_path / "window5"
+    assert train.main(["--config", str(longer), "--data", str(dataset_dir), "--out", str(out), "--stage", "2",
+                       "--steps", "0", "--init-weights", str(run_dir), "--device", "cpu"]) == 0
+    old, new = WorldModel.load(run_dir), WorldModel.load(out)
+    assert (old.config.window, new.config.window) == (3, 5)
+    assert json.loads((out / checkpoint.CONFIG).read_text())["training"]["warm_start"]["fresh"] == []
+    for before, after in zip(old.network.dynamics.attention, new.network.dynamics.attention):
+        assert after.distance_bias.shape == (before.distance_bias.shape[0], 6)
+        torch.testing.assert_close(after.distance_bias[:, :4], before.distance_bias)
+        torch.testing.assert_close(after.distance_bias[:, 4:], before.distance_bias[:, -1:].expand(-1, 2))
+    assert any(a.distance_bias.abs().sum() > 0 for a in old.network.dynamics.attention), "trained biases to keep"
+    with np.load(out / "start_windows.npz") as windows:
+        assert windows["images"].shape[1] == 5  # a node starts the longer model from 5 real frames
+    frames = rollout(new, dataset_dir, 4)
+    assert len(frames) == 4 and all(np.isfinite(joints).all() for _, joints in frames)
+
+
 def self_forcing_setup(tmp_path, dataset_dir, run_dir, extra: str):
     """The trained tiny network under a stage-2 objective configured by ``extra`` (train keys), and a
     batch of 16 windows of the length that config asks for: (objective, config path, latents, actions)."""

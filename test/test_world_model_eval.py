@@ -105,6 +105,36 @@ def test_one_step_row_predicts_each_frame_from_the_real_frames_before_it(tiny_wo
     assert set(report["models"]["one_step"]["per_step"]) == PER_STEP
 
 
+def test_first_frame_predicts_later_frames_from_the_window_before_them(tiny_world_model, dataset_dir, tmp_path, capsys):
+    """--first-frame F: the context is the window before frame F, so a model of a shorter window
+    predicts the same frames as a longer one; the open loop's first step is then the one-step
+    row's step F - window, the physics replay still reproduces the episode, and reports that
+    predict from different frames refuse to pair."""
+    world, dataset = WorldModel.load(tiny_world_model), Dataset(dataset_dir)
+    k = world.config.window
+    cut = evaluate.load_open_loop_data(dataset, k, 6, 2, world.image_size)
+    later = evaluate.load_open_loop_data(dataset, k, 4, 2, world.image_size, first_frame=k + 2)
+    assert (cut.first_frame, later.first_frame) == (k, k + 2)
+    first = later.episodes[0]
+    np.testing.assert_array_equal(later.context_images[0], dataset.images[first.start + 2:first.start + 2 + k])
+    np.testing.assert_array_equal(later.real_images[:, :4], cut.real_images[:, 2:6])
+    np.testing.assert_array_equal(later.future_actions[:, :4], cut.future_actions[:, 2:6])
+    forced, _ = evaluate.rollout_one_step(world, cut, seed=3, progress=False)
+    again, _ = evaluate.rollout_open_loop(world, later, seed=3, progress=False)
+    np.testing.assert_array_equal(again[:, 0], forced[:, 2])
+    with pytest.raises(evaluate.EvalError, match="needs it at"):
+        evaluate.load_open_loop_data(dataset, k, 4, 2, world.image_size, first_frame=k - 1)
+    report = evaluate.openloop(tiny_world_model, dataset_dir, episodes=1, horizon=4, out=tmp_path / "later", videos=0,
+                               physics_nudge=(0,), first_frame=k + 3, progress=False)
+    assert report["protocol"]["first_frame"] == k + 3
+    exact = report["models"]["physics_nudge_0"]["summary"]
+    assert exact["psnr"] > 45 and exact["joint_mae_rad"] < 1e-3  # the replay lines up with the later frames
+    evaluate.openloop(tiny_world_model, dataset_dir, episodes=1, horizon=4, out=tmp_path / "window", videos=0,
+                      pose=False, progress=False)
+    assert paired.main([str(tmp_path / "window"), str(tmp_path / "later")]) == 2
+    assert "predict from different frames" in capsys.readouterr().err
+
+
 def test_history_level_override_labels_the_history_and_is_checked(tiny_world_model, dataset_dir, tmp_path, capsys):
     world = WorldModel.load(tiny_world_model)
     cut = evaluate.load_open_loop_data(Dataset(dataset_dir), world.config.window, 4, 2, world.image_size)

@@ -96,33 +96,41 @@ class OpenLoopData:
     valid: np.ndarray            # (N, H) bool: the episode has a real frame at this step
     last_image: np.ndarray       # (N, S, S, 3): context frame K-1 at model resolution (copy-last)
     last_joints: np.ndarray      # (N, J)
+    first_frame: int             # the episode's frame index that context frame K is (K by default)
 
     @property
     def horizon(self) -> int:
         return self.valid.shape[1]
 
 
-def select_episodes(dataset: Dataset, split: str, count: int, window: int, horizon: int) -> list[Episode]:
-    """Up to ``count`` episodes of ``split`` that allow at least one predicted step; episodes long
-    enough for the whole horizon come first, then the longest of the rest (index order in the end)."""
+def select_episodes(dataset: Dataset, split: str, count: int, first: int, horizon: int) -> list[Episode]:
+    """Up to ``count`` episodes of ``split`` that allow at least one predicted step after the
+    ``first`` frames; episodes long enough for the whole horizon come first, then the longest of
+    the rest (index order in the end)."""
     episodes = dataset.split(split)
     if not episodes:
         raise EvalError(f"{dataset.root}: no '{split}' episodes (splits present: "
                         f"{sorted({e.split for e in dataset.episodes})})")
-    usable = [e for e in episodes if e.length >= window + 1]
+    usable = [e for e in episodes if e.length >= first + 1]
     if not usable:
         raise EvalError(f"{dataset.root}: no '{split}' episode is long enough for open loop: need at least "
-                        f"window + 1 = {window + 1} frames (window + horizon = {window + horizon} for the full "
+                        f"{first + 1} frames (first predicted frame + 1; {first + horizon} for the full "
                         f"horizon), the longest has {max(e.length for e in episodes)}")
-    full = [e for e in usable if e.length >= window + horizon]
-    rest = sorted((e for e in usable if e.length < window + horizon), key=lambda e: -e.length)
+    full = [e for e in usable if e.length >= first + horizon]
+    rest = sorted((e for e in usable if e.length < first + horizon), key=lambda e: -e.length)
     return sorted((full + rest)[:count], key=lambda e: e.index)
 
 
 def load_open_loop_data(dataset: Dataset, window: int, horizon: int, count: int, size: int,
-                        split: str = "val") -> OpenLoopData:
-    episodes = select_episodes(dataset, split, count, window, horizon)
-    h_eff = min(horizon, max(e.length for e in episodes) - window)
+                        split: str = "val", first_frame: int | None = None) -> OpenLoopData:
+    """The episodes cut for open loop: ``window`` context frames ending just before ``first_frame``
+    (default: the window itself, the paper's protocol), then ``horizon`` frames to predict. A later
+    first frame lets models of different windows predict the very same frames."""
+    first = window if first_frame is None else first_frame
+    if first < window:
+        raise EvalError(f"first predicted frame {first}: the {window}-frame context needs it at {window} or later")
+    episodes = select_episodes(dataset, split, count, first, horizon)
+    h_eff = min(horizon, max(e.length for e in episodes) - first)
     n, j = len(episodes), len(dataset.joint_names)
     cam_h, cam_w = dataset.image_size
     ctx_images = np.zeros((n, window, cam_h, cam_w, 3), np.uint8)
@@ -133,8 +141,8 @@ def load_open_loop_data(dataset: Dataset, window: int, horizon: int, count: int,
     valid = np.zeros((n, h_eff), bool)
     last_image = np.zeros((n, size, size, 3), np.uint8)
     for i, e in enumerate(episodes):
-        steps = min(h_eff, e.length - window)
-        frames = slice(e.start, e.start + window + steps)
+        steps = min(h_eff, e.length - first)
+        frames = slice(e.start + first - window, e.start + first + steps)
         images = np.asarray(dataset.images[frames])
         joints = np.asarray(dataset.joint_positions[frames], np.float32)
         actions = np.asarray(dataset.actions[frames], np.float32)
@@ -146,7 +154,7 @@ def load_open_loop_data(dataset: Dataset, window: int, horizon: int, count: int,
         future[i, steps:] = actions[-1]  # a short episode holds its last command (its steps are not scored)
         valid[i, :steps] = True
     return OpenLoopData(episodes, ctx_images, ctx_joints, ctx_actions, future, real_images, real_joints, valid,
-                        last_image, ctx_joints[:, -1].copy())
+                        last_image, ctx_joints[:, -1].copy(), first)
 
 
 def rollout_open_loop(world: WorldModel, data: OpenLoopData, seed: int, desc: str = "rollout",
@@ -208,7 +216,7 @@ def physics_replay(dataset: Dataset, data: OpenLoopData, sigma: float, seed: int
     from iws_reference_robot.sim import ReferenceSim
 
     n, horizon = data.valid.shape
-    window = data.context_images.shape[1]
+    last = data.first_frame - 1  # the last context frame, where the T is nudged
     try:
         seeds = [collected_episode(e.source) for e in data.episodes]
     except ReplayError as exc:
@@ -225,16 +233,16 @@ def physics_replay(dataset: Dataset, data: OpenLoopData, sigma: float, seed: int
         with progress_bar(n, f"physics replay (nudge {sigma:g} mm / deg)", progress, unit="episode") as bar:
             for i, (episode, (episode_seed, _)) in enumerate(zip(data.episodes, seeds)):
                 steps = int(data.valid[i].sum())
-                commands = np.asarray(dataset.actions[episode.start:episode.start + window - 1 + steps])
+                commands = np.asarray(dataset.actions[episode.start:episode.start + last + steps])
                 nudge = nudge_for(np.random.default_rng([seed, episode.index]), sigma)
-                frames, frame_joints, object_poses = replay(sim, episode_seed, commands, nudge_at=window - 1,
-                                                            nudge=nudge, render_from=window - 1)
+                frames, frame_joints, object_poses = replay(sim, episode_seed, commands, nudge_at=last,
+                                                            nudge=nudge, render_from=last)
                 seen = data.context_images[i, -1]
                 gap = (np.abs(frames[0].astype(np.int16) - seen.astype(np.int16)).mean()
                        if frames[0].shape == seen.shape else float("inf"))
                 if gap > REPLAY_TOLERANCE:
                     raise EvalError(f"--physics-nudge: replaying {episode.source} does not reproduce its frames "
-                                    f"(mean gap {gap:.2f} levels at frame {window - 1}): the scene or robot "
+                                    f"(mean gap {gap:.2f} levels at frame {last}): the scene or robot "
                                     f"profile changed since it was collected")
                 images[i, :steps] = resize(frames[1:], size)
                 joints[i, :steps] = frame_joints[1:]
@@ -360,7 +368,8 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
              progress: bool = True, dynamics_steps: int | None = None, autoencoder: bool = False,
              one_step: bool = False, history_level: int | None = None, reencode: bool = False,
              physics_nudge: tuple[float, ...] = (), seed_spread: bool = False,
-             snap_threshold: float | None = None, start_history_level: int | None = None) -> dict:
+             snap_threshold: float | None = None, start_history_level: int | None = None,
+             first_frame: int | None = None) -> dict:
     """Run the open-loop protocol; writes OUT/openloop.json and the videos, returns the report.
     ``dynamics_steps`` overrides the model's consistency jumps per step (not the MSE baseline's);
     ``autoencoder`` adds the reconstructed real frames as a reference row (the dynamics' ceiling);
@@ -369,7 +378,8 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
     ``start_history_level`` labels the real start frames alone (default: as the rest of the history);
     ``snap_threshold`` overrides the model's (latent cells that barely move keep their value);
     ``physics_nudge`` adds, per size, the reference simulator's own replay, the T nudged by that many mm / deg;
-    ``seed_spread`` rolls the model out again under seed + 1 and reports how far the two rollouts differ."""
+    ``seed_spread`` rolls the model out again under seed + 1 and reports how far the two rollouts differ;
+    ``first_frame`` starts the prediction at that frame of each episode instead of at the window."""
     started = time.time()
     if horizon < 1 or episodes < 1:
         raise EvalError(f"horizon and episodes must be >= 1, got {horizon} and {episodes}")
@@ -396,7 +406,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
                   f"{mse.config.dynamics_objective!r}, not 'mse'", file=sys.stderr)
         worlds[MSE] = mse
     window, size = world.config.window, world.image_size
-    cut = load_open_loop_data(dataset, window, horizon, episodes, size, split)
+    cut = load_open_loop_data(dataset, window, horizon, episodes, size, split, first_frame)
     n, h_eff = cut.valid.shape
 
     predictions = {name: rollout_open_loop(w, cut, seed, f"open loop: {name}", progress) for name, w in worlds.items()}
@@ -465,7 +475,8 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
         "protocol": {
             "model": str(model), "baseline_mse": str(baseline_mse) if baseline_mse else None, "dataset": str(data),
             "split": split, "episodes": [e.index for e in cut.episodes], "episode_lengths": [e.length for e in cut.episodes],
-            "window": window, "image_size": size, "requested_horizon": horizon, "effective_horizon": h_eff,
+            "window": window, "first_frame": cut.first_frame, "image_size": size, "requested_horizon": horizon,
+            "effective_horizon": h_eff,
             "episodes_per_step": cut.valid.sum(0), "seed": seed, "device": str(world.device),
             "psnr_cap_db": metrics.PSNR_CAP_DB, "decode_steps": world.decode_steps,
             "dynamics_steps": world.dynamics_steps,
@@ -557,6 +568,9 @@ def openloop_main(argv: list[str] | None = None) -> int:
                    help="noise level the history is labelled with at inference (default: the model config's history_level)")
     p.add_argument("--start-history-level", type=int, default=None,
                    help="noise level the real start frames alone are labelled with (default: as the history)")
+    p.add_argument("--first-frame", type=int, default=None, metavar="F",
+                   help="predict from frame F of each episode on, the window before it as context (default: "
+                        "the window; a later F compares models of different windows on the same frames)")
     p.add_argument("--snap-threshold", type=float, default=None,
                    help="latent cells the dynamics moves less than this keep their value; 0 = off "
                         "(default: the model config's snap_threshold)")
@@ -568,7 +582,8 @@ def openloop_main(argv: list[str] | None = None) -> int:
                           args.seed, args.split, not args.no_pose, args.device, dynamics_steps=args.dynamics_steps,
                           autoencoder=args.autoencoder, one_step=args.one_step, history_level=args.history_level,
                           reencode=args.reencode, snap_threshold=args.snap_threshold,
-                          start_history_level=args.start_history_level, physics_nudge=args.physics_nudge, seed_spread=args.seed_spread)
+                          start_history_level=args.start_history_level, physics_nudge=args.physics_nudge,
+                          seed_spread=args.seed_spread, first_frame=args.first_frame)
     except (EvalError, DatasetError, CheckpointError) as exc:
         print(f"iws eval openloop: error: {exc}", file=sys.stderr)
         return 2

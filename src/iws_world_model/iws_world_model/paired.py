@@ -58,6 +58,11 @@ def paired(base: dict, other: dict, base_row: str = "world_model", other_row: st
         a, b = base["protocol"].get(key), other["protocol"].get(key)
         if a is not None and b is not None and a != b:
             raise PairingError(f"the reports differ in {key} ({a!r} against {b!r}): their episodes do not pair")
+    # The first predicted frame (reports before --first-frame predicted from their window on).
+    a, b = (report["protocol"].get("first_frame", report["protocol"].get("window")) for report in (base, other))
+    if a is not None and b is not None and a != b:
+        raise PairingError(f"the reports predict from different frames ({a} against {b}): pass the same "
+                           "--first-frame to `iws eval openloop`")
     # episode number -> its position in each report, in the base report's order
     where_other = {e: i for i, e in enumerate(other["protocol"]["episodes"])}
     pairs = [(i, where_other[e]) for i, e in enumerate(base["protocol"]["episodes"]) if e in where_other]

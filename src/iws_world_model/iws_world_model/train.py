@@ -160,6 +160,21 @@ def batches(data: WindowData, batch_size: int, seed: int, rank: int, world: int,
         epoch += 1
 
 
+def widened_distance_biases(theirs: dict, own: dict) -> dict:
+    """A warm start onto a longer window: each temporal attention's learned bias per frame distance
+    keeps its trained values, and the new, farther distances start at the farthest trained one, so
+    the extra frames are attended to as the oldest frame was. Everything else is returned as is."""
+    widened = dict(theirs)
+    for name, bias in theirs.items():
+        if not name.endswith("distance_bias") or name not in own:
+            continue
+        target = own[name]
+        if bias.shape[:-1] == target.shape[:-1] and bias.shape[-1] < target.shape[-1]:
+            extra = bias[..., -1:].expand(*bias.shape[:-1], target.shape[-1] - bias.shape[-1])
+            widened[name] = torch.cat([bias, extra], -1)
+    return widened
+
+
 class Trainer:
     def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Dataset, out: Path, device,
                  rank: int = 0, world: int = 1):
@@ -201,7 +216,8 @@ class Trainer:
             except RuntimeError as exc:
                 raise checkpoint.CheckpointError(f"{directory}: its {name} does not fit the --config model: {exc}") from exc
         if everything:
-            own, theirs = self.network.state_dict(), network.state_dict()
+            own = self.network.state_dict()
+            theirs = widened_distance_biases(network.state_dict(), own)  # a longer --config window
             shared = {k: v for k, v in theirs.items() if k in own and own[k].shape == v.shape}
             self.network.load_state_dict(shared, strict=False)
             fresh = sorted({k.rsplit(".", 1)[0] for k in own if k not in shared})
