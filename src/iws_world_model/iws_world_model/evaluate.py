@@ -3,9 +3,9 @@
     iws eval openloop --model runs/push_t --data data/push_t_dataset [--baseline-mse runs/push_t_mse]
     iws eval longrun  --model runs/push_t --minutes 10 --rate 15
 
-openloop (the paper's protocol): on held-out episodes, start from the first ``window`` real frames,
-replay the recorded actions open loop for ``horizon`` steps and compare every predicted frame with
-the real one at the model's resolution: PSNR, SSIM, joint error and, for push_t, the T's pose as
+openloop (the paper's protocol): on held-out episodes, start from the first ``window`` real frames
+(or the ``window`` before ``--first-frame``), replay the recorded actions open loop for ``horizon``
+steps and compare every predicted frame with the real one at the model's resolution: PSNR, SSIM, joint error and, for push_t, the T's pose as
 the pixel estimator sees it. Copy-last-frame (and optionally an MSE-dynamics checkpoint) run on the
 same episodes, so every number has a reference. With --physics-nudge the reference simulator itself
 replays the commands, its T nudged by a few mm / deg: the floor of what any model could reach.
@@ -96,7 +96,7 @@ class OpenLoopData:
     valid: np.ndarray            # (N, H) bool: the episode has a real frame at this step
     last_image: np.ndarray       # (N, S, S, 3): context frame K-1 at model resolution (copy-last)
     last_joints: np.ndarray      # (N, J)
-    first_frame: int             # the episode's frame index that context frame K is (K by default)
+    first_frame: int             # the episode's index of the first predicted frame (K unless --first-frame)
 
     @property
     def horizon(self) -> int:
