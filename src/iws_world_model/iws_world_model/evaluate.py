@@ -7,8 +7,9 @@ openloop (the paper's protocol): on held-out episodes, start from the first ``wi
 (or the ``window`` before ``--first-frame``), replay the recorded actions open loop for ``horizon``
 steps and compare every predicted frame with the real one at the model's resolution: PSNR, SSIM,
 joint error and, for push_t, the T's pose as the pixel estimator sees it. Copy-last-frame (and
-optionally an MSE-dynamics checkpoint) run on the same episodes, so every number has a reference. With --physics-nudge the reference simulator itself
-replays the commands, its T nudged by a few mm / deg: the floor of what any model could reach.
+optionally an MSE-dynamics checkpoint) run on the same episodes, so every number has a reference.
+With --physics-nudge the reference simulator itself replays the commands, its T nudged by a few mm
+/ deg: the floor of what any model could reach.
 
 longrun: a closed loop with the scripted pixel push_t expert for many minutes, to catch drift that
 open-loop metrics miss: per simulated minute, how often the T is still found and whether frames
