@@ -249,12 +249,15 @@ def test_pile_expert_improves_score(profile):
 
 
 def test_noisy_pixel_expert_adds_the_seeded_noise_and_rejects_bad_specs(push_sim, profile):
-    from iws_policy.node import expert_command_noise, make_runner
+    from iws_policy.node import ExpertSpec, make_runner, parse_expert_spec
     from iws_reference_robot.pixel_expert import PushTExpertPolicy
 
-    assert expert_command_noise("expert") == 0.0 and expert_command_noise("expert:noise=0.02") == 0.02
-    assert expert_command_noise("runs/policy") is None  # a checkpoint directory, not an expert
-    for bad in ("expert:noise=-0.1", "expert:noise=nan", "expert:gain=2", "expert:noise="):
+    assert parse_expert_spec("expert") == ExpertSpec(noise=0.0, speed=1.0)
+    assert parse_expert_spec("expert:noise=0.02") == ExpertSpec(noise=0.02)
+    assert parse_expert_spec("expert:speed=0.5,noise=0.01") == ExpertSpec(noise=0.01, speed=0.5)
+    assert parse_expert_spec("runs/policy") is None  # a checkpoint directory, not an expert
+    for bad in ("expert:noise=-0.1", "expert:noise=nan", "expert:gain=2", "expert:noise=", "expert:speed=0",
+                "expert:speed=1.5", "expert:noise=0.01,noise=0.02", "expert:noise=0.01,"):
         with pytest.raises(ValueError, match="expert spec"):
             make_runner(bad, profile)
     push_sim.reset(5)
@@ -268,3 +271,25 @@ def test_noisy_pixel_expert_adds_the_seeded_noise_and_rejects_bad_specs(push_sim
     assert not np.array_equal(noisy[0], other_seed)
     with pytest.raises(ValueError, match="command_noise"):
         PushTExpertPolicy(profile, command_noise=-1.0)
+    with pytest.raises(ValueError, match="speed"):
+        PushTExpertPolicy(profile, speed=0.0)
+
+
+def test_slowed_pixel_expert_takes_shorter_steps_and_pushes_less_in_the_same_time(profile):
+    """The 'speed' family: the same expert, its pusher step scaled. It must be slower in fact, not
+    just in name: over the first 40 commands its pusher travels less, and the T moves less."""
+    from iws_reference_robot.pixel_expert import drive_pixel_expert
+    from iws_reference_robot.sim import ReferenceSim
+
+    travel, moved = {}, {}
+    for speed in (1.0, 0.3):
+        sim = ReferenceSim(profile, task="push_t", seed=0)
+        pushers, poses = [], []
+        for _, state in drive_pixel_expert(sim, profile, seed=3, steps=40, speed=speed):
+            pushers.append(sim.pusher_xy())
+            poses.append(state.object_poses[0])
+        sim.close()
+        travel[speed] = float(np.linalg.norm(np.diff(np.array(pushers), axis=0), axis=1).sum())
+        moved[speed] = float(np.linalg.norm(poses[-1][:2] - poses[0][:2]))
+    assert travel[0.3] < 0.6 * travel[1.0]
+    assert moved[0.3] < moved[1.0]

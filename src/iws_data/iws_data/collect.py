@@ -73,7 +73,7 @@ POLICIES = {"expert": None, "random": "smooth_random", "contact": "contact_seeki
 
 class CheckpointPlayer:
     """A trained Diffusion Policy (an `iws policy train` checkpoint), or the pixel expert ('expert',
-    'expert:noise=STD'), as a source of play data.
+    'expert:noise=STD,speed=FRACTION'), as a source of play data.
 
     It acts on the camera image that the bag records, as it would through ROS. Rollouts of the
     policies you mean to evaluate are the contacts a world model must get right before it can judge
@@ -278,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mix", default=None,
                         help=f"policy weights (default {DEFAULT_MIX}; policy=1 when --policy is given)")
     parser.add_argument("--policy", default=None, metavar="CKPT",
-                        help="a trained policy (iws policy train), or 'expert' / 'expert:noise=STD' (the pixel "
-                             "expert, as in iws evaluate, its commands optionally noised), acting on the camera "
+                        help="a trained policy (iws policy train), or 'expert[:noise=STD][,speed=FRACTION]' (the "
+                             "pixel expert, as in iws evaluate, optionally noised or slowed), acting on the camera "
                              "image: rollouts of the policies you will evaluate, as world-model training data "
                              "(--mix expert=1 is the task's scripted expert, which reads the simulator's state)")
     parser.add_argument("--action-horizon", type=int, default=None,

@@ -290,8 +290,9 @@ def model_weights(model: str | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="iws evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", required=True,
-                        help="policy checkpoint directory, or 'expert' (the pixel expert; 'expert:noise=STD' adds "
-                             "Gaussian noise of STD rad to its commands)")
+                        help="policy checkpoint directory, or 'expert[:noise=STD][,speed=FRACTION]' (the pixel "
+                             "expert; noise adds Gaussian noise of STD rad to its commands, speed scales its "
+                             "largest pusher step)")
     parser.add_argument("--backend", choices=("reference", "world_model"), required=True)
     parser.add_argument("--episodes", type=int, default=50)
     parser.add_argument("--steps", type=int, default=200)

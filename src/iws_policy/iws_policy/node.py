@@ -11,37 +11,53 @@ a real arm without knowing which. After acting on an image it publishes that ima
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import numpy as np
 
 
-def expert_command_noise(checkpoint: str) -> float | None:
-    """The command noise of an expert spec ('expert' 0, 'expert:noise=0.2' 0.2 rad), None for a
-    checkpoint directory."""
-    name, _, option = checkpoint.partition(":")
+@dataclasses.dataclass(frozen=True)
+class ExpertSpec:
+    """The pixel expert as a policy, optionally made worse: ``noise`` (rad) of Gaussian noise on
+    every joint of every command, ``speed`` the fraction of its largest pusher step per command. Two
+    families of worse experts whose success spans a range, for judging a simulator as an evaluator
+    of policies: noise differs from the expert by random millimetres, speed by visible slowness."""
+    noise: float = 0.0
+    speed: float = 1.0
+
+
+EXPERT_SPEC_HELP = "'expert[:noise=STD][,speed=FRACTION]'"
+
+
+def parse_expert_spec(checkpoint: str) -> ExpertSpec | None:
+    """'expert' -> ExpertSpec(), 'expert:noise=0.02,speed=0.5' -> its options; None for a checkpoint
+    directory. A malformed spec is a ValueError naming the accepted form."""
+    name, _, options = checkpoint.partition(":")
     if name != "expert":
         return None
-    if not option:
-        return 0.0
-    key, _, value = option.partition("=")
-    try:
-        noise = float(value) if key == "noise" else float("nan")
-    except ValueError:
-        noise = float("nan")
-    if not (np.isfinite(noise) and noise >= 0):
-        raise ValueError(f"policy '{checkpoint}': an expert spec is 'expert' or 'expert:noise=STD' with STD >= 0 (rad)")
-    return noise
+    values: dict[str, float] = {}
+    for option in options.split(",") if options else ():
+        key, _, text = option.partition("=")
+        try:
+            value = float(text) if key in ("noise", "speed") and key not in values else float("nan")
+        except ValueError:
+            value = float("nan")
+        if not (np.isfinite(value) and (value >= 0 if key == "noise" else 0 < value <= 1)):
+            raise ValueError(f"policy '{checkpoint}': an expert spec is {EXPERT_SPEC_HELP}, STD >= 0 (rad), "
+                             "0 < FRACTION <= 1, each option at most once")
+        values[key] = value
+    return ExpertSpec(**values)
 
 
 def make_runner(checkpoint: str, profile, seed: int = 0, action_horizon: int | None = None):
-    """``act(image, joints) -> command or None`` for a checkpoint directory, or 'expert' (the pixel
-    expert; 'expert:noise=STD' adds that much Gaussian noise to its commands) (``action_horizon``:
-    commands executed per predicted chunk, None for the checkpoint's)."""
-    noise = expert_command_noise(checkpoint)
-    if noise is not None:
+    """``act(image, joints) -> command or None`` for a checkpoint directory, or an expert spec (the
+    pixel expert, ``ExpertSpec``) (``action_horizon``: commands executed per predicted chunk, None
+    for the checkpoint's)."""
+    spec = parse_expert_spec(checkpoint)
+    if spec is not None:
         from iws_reference_robot.pixel_expert import PushTExpertPolicy
-        return PushTExpertPolicy(profile, seed=seed, command_noise=noise)
+        return PushTExpertPolicy(profile, seed=seed, command_noise=spec.noise, speed=spec.speed)
     from iws_policy.diffusion import PolicyRunner, load_policy
     policy = load_policy(checkpoint)
     if policy.config.joints != profile.joints.count:
@@ -94,7 +110,7 @@ def make_policy_node(profile, checkpoint: str, seed: int = 0, context=None, acti
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="iws up policy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True,
-                        help="policy checkpoint directory, or 'expert' (the pixel expert; 'expert:noise=STD' a noisy one)")
+                        help="policy checkpoint directory, or " + EXPERT_SPEC_HELP + " (the pixel expert, optionally noised or slowed)")
     parser.add_argument("--robot", default="reference_arm")
     parser.add_argument("--namespace", default="", help="read and command a namespaced robot (A/B: /real or /sim)")
     parser.add_argument("--seed", type=int, default=0)

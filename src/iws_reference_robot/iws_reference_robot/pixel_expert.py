@@ -18,17 +18,22 @@ from .tasks import TaskState
 class PushTExpertPolicy:
     """Image + joint positions -> joint command; no ROS, so tests and evaluation can call it."""
 
-    def __init__(self, profile: RobotProfile, seed: int = 0, command_noise: float = 0.0):
-        """``command_noise``: the std (rad) of Gaussian noise added to every joint of every command,
-        drawn from ``seed``: a family of worse experts whose success spans a range, for judging a
-        simulator as an evaluator of policies (the same seed gives the same noise on either backend)."""
+    def __init__(self, profile: RobotProfile, seed: int = 0, command_noise: float = 0.0, speed: float = 1.0):
+        """Two ways to make it worse, each a family of experts whose success spans a range, for judging
+        a simulator as an evaluator of policies: ``command_noise``, the std (rad) of Gaussian noise
+        added to every joint of every command, drawn from ``seed`` (the same seed gives the same noise
+        on either backend); ``speed``, the fraction of the expert's largest pusher step per command
+        that it may take (a slower expert runs out of episode)."""
         from .sim import ReferenceSim
 
         if not (np.isfinite(command_noise) and command_noise >= 0):
             raise ValueError(f"command_noise must be a finite number >= 0 (rad), got {command_noise!r}")
+        if not (np.isfinite(speed) and 0 < speed <= 1):
+            raise ValueError(f"speed must be in (0, 1] (a fraction of the expert's step), got {speed!r}")
         self.kinematics = ReferenceSim(profile, task="push_t", seed=seed)  # kinematics only, never stepped
         self.estimator = PushTPoseEstimator(profile)
         self.expert = PushTExpert(self.kinematics)
+        self.expert.max_step *= speed
         self.command_noise = float(command_noise)
         self.reset(seed)
 
@@ -59,7 +64,8 @@ class PushTExpertPolicy:
         self.kinematics.close()
 
 
-def drive_pixel_expert(sim, profile: RobotProfile, seed: int, steps: int, command_noise: float = 0.0):
+def drive_pixel_expert(sim, profile: RobotProfile, seed: int, steps: int, command_noise: float = 0.0,
+                       speed: float = 1.0):
     """The pixel expert driving the in-process reference sim from ``seed`` (no ROS): yields each
     frame with the simulator's task state before acting on it, so callers can judge the frames
     against ground truth (the scorer's validation, tests)."""
@@ -68,7 +74,7 @@ def drive_pixel_expert(sim, profile: RobotProfile, seed: int, steps: int, comman
     sim.reset(seed)
     follower = JointCommandFollower(profile.joints)
     follower.reset(sim.joint_positions())
-    policy = PushTExpertPolicy(profile, seed=seed, command_noise=command_noise)
+    policy = PushTExpertPolicy(profile, seed=seed, command_noise=command_noise, speed=speed)
     dt = profile.control_period_s
     try:
         for step in range(steps):
