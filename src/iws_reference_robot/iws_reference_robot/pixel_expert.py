@@ -23,7 +23,7 @@ class PushTExpertPolicy:
         a simulator as an evaluator of policies: ``command_noise``, the std (rad) of Gaussian noise
         added to every joint of every command, drawn from ``seed`` (the same seed gives the same noise
         on either backend); ``speed``, the fraction of the expert's largest pusher step per command
-        that it may take (a slower expert runs out of episode)."""
+        that it may take (a slower expert may run out of episode)."""
         from .sim import ReferenceSim
 
         if not (np.isfinite(command_noise) and command_noise >= 0):
