@@ -275,20 +275,17 @@ def test_noisy_pixel_expert_adds_the_seeded_noise_and_rejects_bad_specs(push_sim
         PushTExpertPolicy(profile, speed=0.0)
 
 
-def test_slowed_pixel_expert_takes_shorter_steps_and_pushes_less_in_the_same_time(profile):
+def test_slowed_pixel_expert_takes_shorter_steps_and_pushes_less_in_the_same_time(push_sim, profile):
     """The 'speed' family: the same expert, its pusher step scaled. It must be slower in fact, not
     just in name: over the first 40 commands its pusher travels less, and the T moves less."""
     from iws_reference_robot.pixel_expert import drive_pixel_expert
-    from iws_reference_robot.sim import ReferenceSim
 
     travel, moved = {}, {}
     for speed in (1.0, 0.3):
-        sim = ReferenceSim(profile, task="push_t", seed=0)
         pushers, poses = [], []
-        for _, state in drive_pixel_expert(sim, profile, seed=3, steps=40, speed=speed):
-            pushers.append(sim.pusher_xy())
+        for _, state in drive_pixel_expert(push_sim, profile, seed=3, steps=40, speed=speed):  # resets it to seed 3
+            pushers.append(push_sim.pusher_xy())
             poses.append(state.object_poses[0])
-        sim.close()
         travel[speed] = float(np.linalg.norm(np.diff(np.array(pushers), axis=0), axis=1).sum())
         moved[speed] = float(np.linalg.norm(poses[-1][:2] - poses[0][:2]))
     assert travel[0.3] < 0.6 * travel[1.0]
