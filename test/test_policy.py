@@ -269,6 +269,47 @@ def test_encoded_demonstrations_train_again_from_their_file(tiny_world_model, tm
     assert broken.returncode == 1 and "--save-demos" in broken.stderr and "Traceback" not in broken.stderr
 
 
+def test_pose_encoder_reads_the_t_relative_to_the_goal_and_trains_from_saved_features(sim, tiny_world_model, tmp_path):
+    """``--image-encoder pose``: the pixel pose estimator reads the T from the policy's 64 px image
+    (the offset from the goal in 10 cm units, the relative yaw as cos/sin, a found flag), the
+    features are computed once, saved with --save-demos and only trained from with the same encoder."""
+    from iws_policy.diffusion import PoseEncoder
+    from iws_policy.train import DemoSet
+    encoder = PoseEncoder(PolicyConfig())
+    goal = PushT.GOAL.copy()
+    sim.reset(3)
+    offset = np.array([0.03, -0.02, 0.4])
+    sim.task.block.set(sim.data, goal + offset)
+    sim.step(sim.joint_positions())
+    image = PolicyRunner(DiffusionPolicy(PolicyConfig(image_encoder="pose")))._resize(sim.render())
+    features = encoder.latents(torch.from_numpy(np.stack([image, np.zeros_like(image)]))).numpy()
+    np.testing.assert_allclose(features[0, :2], offset[:2] / 0.1, atol=0.05)  # within 5 mm at 15 mm a pixel
+    np.testing.assert_allclose(features[0, 2:], [math.cos(0.4), math.sin(0.4), 1.0], atol=0.05)
+    assert features[1].tolist() == [0.0] * 5  # no T in a black frame
+
+    dataset, demos_file = tiny_world_model.parent / "dataset", tmp_path / "poses.npz"
+
+    def train(data, out, *extra):
+        return subprocess.run([sys.executable, "-m", "iws_bringup.cli", "policy", "train", "--data", str(data),
+                               "--out", str(tmp_path / out), "--steps", "4", "--batch", "4", "--threads", "2",
+                               "--device", "cpu", *extra], capture_output=True, text=True, timeout=600)
+
+    first = train(dataset, "from_dataset", "--image-encoder", "pose", "--save-demos", str(demos_file))
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = DemoSet.load(demos_file, "pose")
+    assert saved.encoded and saved.images.shape == (saved.lengths.sum(), 5)
+    assert saved.images[:, 4].min() == 1.0  # the T is found in every frame of the reference robot's episodes
+    policy = load_policy(tmp_path / "from_dataset")
+    assert policy.config.image_encoder == "pose" and json.loads((tmp_path / "from_dataset" / "config.json").read_text())["shift_px"] == 0
+    command = PolicyRunner(policy).act(sim.render(), sim.joint_positions())
+    assert command.shape == (3,) and np.all(np.isfinite(command))
+
+    again = train(demos_file, "from_file", "--image-encoder", "pose")
+    assert again.returncode == 0, again.stderr[-3000:]
+    other = train(demos_file, "other_encoder", "--image-encoder", str(tiny_world_model))
+    assert other.returncode == 1 and "pose estimator" in other.stderr and "Traceback" not in other.stderr
+
+
 def test_successful_only_keeps_the_episodes_that_ended_in_success(tiny_world_model, tmp_path):
     import shutil
     from iws_policy.train import DemoSet

@@ -7,7 +7,10 @@ future joint position commands out.
   copied into the policy's checkpoint) and only a small head on its standardised latent is
   trained (two convs and an MLP over the flattened map). Measured on five training demos after
   1000 steps: shuffling the images across a batch left the spatial-softmax CNN's denoising error
-  unchanged (it had not yet learnt to look), while this head's rose by 40 %.
+  unchanged (it had not yet learnt to look), while this head's rose by 40 %. With
+  ``image_encoder: pose`` the image is read by push_t's pixel pose estimator (the one the scorer
+  and the pixel expert use, not learned) and an MLP embeds the T's pose relative to the goal:
+  Diffusion Policy's low-dimensional Push-T variant, with the keypoints read from the image.
 - Denoiser: a conditional 1-D UNet over the action chunk (``pred_horizon`` x joints), every residual
   block FiLM-modulated by the diffusion step embedding and the observation features.
 - Noise schedules from ``diffusers``: DDPM (squared-cosine betas, epsilon prediction) for training,
@@ -57,9 +60,11 @@ class PolicyConfig:
     # every checkpoint from before this field predicted).
     action_relative: bool = True
     # "cnn": the image encoder is trained with the policy; "world_model": a world model's frozen
-    # encoder (its ModelConfig in world_model_config) and a trained head on the latent.
+    # encoder (its ModelConfig in world_model_config) and a trained head on the latent; "pose": the
+    # pixel pose estimator of push_t (for the camera of the robot profile ``robot``) and an MLP.
     image_encoder: str = "cnn"
     world_model_config: dict = dataclasses.field(default_factory=dict)
+    robot: str = "reference_arm"
     # Normalisation: per-joint (low, high) of joint positions and of actions in the training data.
     joint_low: list[float] = dataclasses.field(default_factory=lambda: [-1.0] * 3)
     joint_high: list[float] = dataclasses.field(default_factory=lambda: [1.0] * 3)
@@ -168,6 +173,53 @@ class LatentEncoder(nn.Module):
         return self.out(self.head(latents.permute(0, 3, 1, 2)))
 
 
+POSE_SCALE_M = 0.1  # the T's offset from the goal is embedded in units of 10 cm
+
+
+class PoseEncoder(nn.Module):
+    """push_t's pixel pose estimator, fixed, then a trained MLP on the T's pose relative to the goal.
+
+    The estimator reads the T to a fraction of a pixel (it decides the scorer's verdicts), which a
+    CNN trained on 100 demonstrations for a CPU's budget of epochs does not learn to do. Features
+    per frame: the offset from the goal (x, y in units of ``POSE_SCALE_M``), cos and sin of the yaw
+    relative to the goal's, and 1; all zero while the T is not found. Takes uint8 images
+    (B, H, W, 3) or those features (float, (B, 5)) computed once for training."""
+
+    FEATURES = 5
+
+    def __init__(self, config: PolicyConfig):
+        super().__init__()
+        from iws_common.profile import load_profile
+        from iws_reference_robot.perception import PushTPoseEstimator
+
+        try:
+            profile = load_profile(config.robot)
+        except Exception as exc:  # a missing or malformed profile: name it, whatever the parser raised
+            raise PolicyCheckpointError(f"the pose encoder's robot profile {config.robot!r}: {exc}") from exc
+        self.estimator = PushTPoseEstimator(profile)
+        self.out = nn.Sequential(nn.Linear(self.FEATURES, config.feature_dim), nn.Mish(),
+                                 nn.Linear(config.feature_dim, config.feature_dim), nn.Mish())
+
+    @torch.no_grad()
+    def latents(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, H, W, 3) -> pose features (B, 5) (the name matches ``LatentEncoder``'s)."""
+        goal = self.estimator.goal
+        rows = np.zeros((len(images), self.FEATURES), np.float32)
+        for row, image in zip(rows, images.cpu().numpy()):
+            estimate = self.estimator.estimate(image)
+            if estimate.found:
+                yaw = estimate.pose[2] - goal[2]
+                row[:] = [*((estimate.pose[:2] - goal[:2]) / POSE_SCALE_M), math.cos(yaw), math.sin(yaw), 1.0]
+        return torch.from_numpy(rows).to(images.device)
+
+    def forward(self, observations: torch.Tensor) -> torch.Tensor:
+        features = self.latents(observations) if observations.dtype == torch.uint8 else observations.float()
+        return self.out(features)
+
+
+ENCODERS = {"cnn": ImageEncoder, "world_model": LatentEncoder, "pose": PoseEncoder}
+
+
 def step_embedding(steps: torch.Tensor, dim: int) -> torch.Tensor:
     half = dim // 2
     freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=steps.device) / max(half - 1, 1))
@@ -239,9 +291,9 @@ class DiffusionPolicy(nn.Module):
     def __init__(self, config: PolicyConfig):
         super().__init__()
         self.config = config
-        if config.image_encoder not in ("cnn", "world_model"):
-            raise PolicyCheckpointError(f"image_encoder must be 'cnn' or 'world_model', got {config.image_encoder!r}")
-        self.encoder = ImageEncoder(config) if config.image_encoder == "cnn" else LatentEncoder(config)
+        if config.image_encoder not in ENCODERS:
+            raise PolicyCheckpointError(f"image_encoder must be one of {sorted(ENCODERS)}, got {config.image_encoder!r}")
+        self.encoder = ENCODERS[config.image_encoder](config)
         cond_dim = config.obs_horizon * (config.feature_dim + config.joints)
         self.unet = ConditionalUnet1D(config.joints, cond_dim, config.unet_dims, config.step_embed_dim, config.kernel_size)
         for name in ("joint_low", "joint_high", "action_low", "action_high"):

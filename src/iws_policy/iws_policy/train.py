@@ -16,6 +16,9 @@ edge, which a policy then learns too). Checkpoints (safetensors + config.json) e
 pixels, and the checkpoint holds an exponential moving average of the weights (``--ema``), as
 Diffusion Policy trains: both matter most with few demonstrations and few epochs.
 
+``--image-encoder pose`` reads each image with push_t's pixel pose estimator instead (no shift
+augmentation then: a shifted image is a moved T), once per demonstration frame before training.
+
 ``--save-demos FILE.npz`` keeps the gathered (with ``--image-encoder``, encoded) demonstrations and
 ``--data FILE.npz`` trains from them: another seed, or a GPU machine that should not get the images
 (1 kB of latent per frame against 12 kB of pixels). ``--device auto`` takes a CUDA GPU if there is one.
@@ -92,14 +95,12 @@ class DemoSet:
 
     def save(self, path: str | Path, encoder_from: str | Path | None = None) -> None:
         """The demonstrations as one .npz (``--save-demos``); encoded ones name the world model whose
-        encoder made the latents, so that they are not mixed with another's."""
-        from iws_world_model.checkpoint import weights_digest
-
+        encoder made the latents (or the pose estimator), so that they are not mixed with another's."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         header = {"format": self.CACHE_FORMAT, "used": self.used, "joint_names": list(self.joint_names),
                   "control_rate_hz": self.control_rate_hz,
-                  "encoder_digest": weights_digest(encoder_from) if self.encoded and encoder_from else None}
+                  "encoder_digest": encoder_digest(encoder_from) if self.encoded and encoder_from else None}
         tmp = path.with_name(path.name + ".tmp.npz")
         np.savez(tmp, header=np.array(json.dumps(header)), images=self.images, joints=self.joints,
                  actions=self.actions, starts=self.starts, lengths=self.lengths)
@@ -107,9 +108,7 @@ class DemoSet:
 
     @classmethod
     def load(cls, path: str | Path, encoder_from: str | Path | None = None) -> "DemoSet":
-        """Demonstrations saved by ``save``; encoded ones only with the same world-model encoder."""
-        from iws_world_model.checkpoint import weights_digest
-
+        """Demonstrations saved by ``save``; encoded ones only with the same encoder."""
         try:
             with np.load(path) as data:
                 header = json.loads(str(data["header"]))
@@ -119,10 +118,12 @@ class DemoSet:
         if header.get("format") != cls.CACHE_FORMAT:
             raise ValueError(f"{path}: format {header.get('format')!r}, expected {cls.CACHE_FORMAT!r}")
         if arrays["images"].dtype != np.uint8:  # latents, not pixels
-            digest = weights_digest(encoder_from) if encoder_from else None
+            digest = encoder_digest(encoder_from) if encoder_from else None
             if digest != header["encoder_digest"]:
-                raise ValueError(f"{path} holds latents of the world-model encoder with weights {header['encoder_digest']}; "
-                                 f"pass that model as --image-encoder (got {digest or 'none'})")
+                made_by = ("the pose estimator" if header["encoder_digest"] == POSE_ENCODER
+                           else f"the world-model encoder with weights {header['encoder_digest']}")
+                raise ValueError(f"{path} holds features of {made_by}; pass the same --image-encoder "
+                                 f"(got {digest or 'none'})")
         demos = cls.__new__(cls)
         demos.images, demos.joints, demos.actions = arrays["images"], arrays["joints"], arrays["actions"]
         demos.starts, demos.lengths = arrays["starts"], arrays["lengths"]
@@ -147,13 +148,14 @@ class DemoSet:
         return (torch.from_numpy(self.images[obs]), torch.from_numpy(self.joints[obs]),
                 torch.from_numpy(self.actions[act]))
 
-    def encode(self, encoder, chunk: int = 256) -> None:
-        """Replace the images by a frozen encoder's latents (``LatentEncoder.latents``), computed once:
-        training then runs only the policy's own layers."""
+    def encode(self, encoder, chunk: int = 256, progress: bool = False) -> None:
+        """Replace the images by a frozen encoder's output (``latents`` of a ``LatentEncoder`` or a
+        ``PoseEncoder``), computed once: training then runs only the policy's own layers."""
         import torch
+        from tqdm import tqdm
 
         latents = [encoder.latents(torch.from_numpy(self.images[i:i + chunk])).to(torch.float16).numpy()
-                   for i in range(0, len(self.images), chunk)]
+                   for i in tqdm(range(0, len(self.images), chunk), desc="encode", unit="chunk", disable=not progress)]
         self.images = np.concatenate(latents)
 
     def target_range(self, config: PolicyConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -214,6 +216,15 @@ def learning_rate(step: int, steps: int, peak: float, warmup: float = 0.05) -> f
     return peak * lr_factor(int(warmup * steps), steps, 0.0)(step)
 
 
+POSE_ENCODER = "pose"  # --image-encoder's value for push_t's pixel pose estimator
+
+
+def encoder_digest(image_encoder: str | Path) -> str:
+    """What names the features of saved demonstrations: the world model's weights, or the estimator."""
+    from iws_world_model.checkpoint import weights_digest
+    return POSE_ENCODER if str(image_encoder) == POSE_ENCODER else weights_digest(image_encoder)
+
+
 def world_model_encoder(checkpoint: str | Path) -> tuple[dict, dict]:
     """A world model checkpoint's encoder weights and model config (for ``--image-encoder``)."""
     from iws_world_model.checkpoint import CheckpointError, load
@@ -242,13 +253,15 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
     device = training_device(device)
     config = config or PolicyConfig()
     encoder_weights = None
-    if image_encoder is not None:
+    if str(image_encoder) == POSE_ENCODER:
+        config.image_encoder, shift = POSE_ENCODER, 0
+    elif image_encoder is not None:
         encoder_weights, config.world_model_config = world_model_encoder(image_encoder)
         config.image_encoder, config.image_size = "world_model", int(config.world_model_config["image_size"])
     if demos_file is not None:
         demos = DemoSet.load(demos_file, image_encoder)
         if demos.encoded and image_encoder is None:
-            raise ValueError(f"{demos_file} holds latents: pass the world model that encoded them as --image-encoder")
+            raise ValueError(f"{demos_file} holds encoded images: pass the --image-encoder that encoded them")
     else:
         demos = DemoSet(sources, config, seed, successful_only)
     config.joints = demos.joints.shape[1]
@@ -264,6 +277,8 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
         if not demos.encoded:
             demos.encode(policy.encoder)
         policy.encoder.set_statistics(torch.from_numpy(demos.images))
+    elif config.image_encoder == POSE_ENCODER and not demos.encoded:
+        demos.encode(policy.encoder, progress=progress)
     if save_demos is not None:
         demos.save(save_demos, image_encoder)
     policy.to(device)
@@ -354,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--shift", type=int, default=4, help="random-shift augmentation of the images, pixels (0: off)")
-    parser.add_argument("--image-encoder", metavar="WORLD_MODEL",
-                        help="see through this world model's frozen encoder (e.g. models/push_t) instead of training a CNN")
+    parser.add_argument("--image-encoder", metavar="WORLD_MODEL|pose",
+                        help="see through this world model's frozen encoder (e.g. models/push_t) instead of training a "
+                             "CNN; 'pose': read the T's pose with push_t's pixel pose estimator")
     parser.add_argument("--successful-only", action="store_true",
                         help="train on the episodes that ended in success only (as demonstrations are curated)")
     parser.add_argument("--ema", type=float, default=0.999, help="weight averaging decay (0: checkpoints hold the raw weights)")
