@@ -133,8 +133,19 @@ def test_relative_chunks_are_offsets_from_the_newest_joints_and_old_checkpoints_
     absolute = policy.predict(images, joints, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(relative - absolute, joints[:, -1:].expand_as(relative))  # offsets from the arm
     old = {**PolicyConfig().to_json()}
-    del old["action_relative"]
-    assert PolicyConfig.from_json(old).action_relative is False
+    del old["action_relative"], old["action_range"]
+    assert PolicyConfig.from_json(old).action_relative is False and PolicyConfig.from_json(old).action_range == "joint"
+
+    # Per-step ranges: each offset of the chunk is scaled by its own range (pred_horizon x joints).
+    config = PolicyConfig(joint_names=list(PROFILE.joints.names), action_low=[[-0.05] * 3] * 16,
+                          action_high=[[0.05 * (k + 1)] * 3 for k in range(16)])
+    policy = DiffusionPolicy(config).eval()
+    chunk = policy.predict(images, joints, generator=torch.Generator().manual_seed(0)) - joints[:, -1:]
+    low, high = torch.tensor(config.action_low), torch.tensor(config.action_high)
+    assert torch.all(chunk[0] >= low - 1e-5) and torch.all(chunk[0] <= high + 1e-5)
+    assert chunk[0, 0].abs().max() <= 0.05 + 1e-5  # the next command stays within its own, narrow range
+    with pytest.raises(PolicyCheckpointError, match="action_range"):
+        DiffusionPolicy(PolicyConfig(action_range="chunk"))
 
 
 def test_target_range_and_random_shift():
@@ -144,9 +155,14 @@ def test_target_range_and_random_shift():
     demos.actions = np.array([[1.0], [2.0], [2.5]], np.float32)
     demos.starts, demos.lengths = np.array([0]), np.array([3])
     demos.index = np.array([[0, 0], [0, 1], [0, 2]])
-    config = PolicyConfig(joints=1, pred_horizon=2)
+    config = PolicyConfig(joints=1, pred_horizon=2, action_range="joint")
     low, high = demos.target_range(config)  # targets: 1-0, 2-0, 2-1, 2.5-1, 2.5-2, 2.5-2
     assert low[0] == pytest.approx(0.5) and high[0] == pytest.approx(2.0)
+    config.action_range = "step"  # the next command's offsets (1, 1, 0.5), the one after it's (2, 1.5, 0.5)
+    low, high = demos.target_range(config)
+    np.testing.assert_allclose(low, [[0.5], [0.5]])
+    np.testing.assert_allclose(high, [[1.0], [2.0]])
+    config.action_range = "joint"
     config.action_relative = False
     assert tuple(demos.target_range(config)) == (pytest.approx([1.0]), pytest.approx([2.5]))
 

@@ -19,7 +19,11 @@ future joint position commands out.
 The chunk is predicted relative to the current joint positions (``action_relative``): a command
 differs from the joints by a few hundredths of a radian per step, small against the whole joint
 range that absolute targets are scaled by. Joint positions and the (relative) action targets are
-scaled to [-1, 1] by the training data's range. No ROS here.
+scaled to [-1, 1] by the training data's range, the targets per step of the chunk
+(``action_range: step``): the next command is a few hundredths of a radian from the arm, the 16th
+up to 1.5 rad when the expert circles the T, and one range for the whole chunk left the next
+commands at a fortieth of the scale, where a sample's spread (0.07 rad at 16,000 steps, twice the
+typical step) is larger than the command. No ROS here.
 """
 from __future__ import annotations
 
@@ -59,6 +63,10 @@ class PolicyConfig:
     # Targets are commands minus the newest observed joint positions (False: absolute commands, as
     # every checkpoint from before this field predicted).
     action_relative: bool = True
+    # "step": the targets' range per joint and step of the chunk (action_low/high are pred_horizon
+    # lists of per-joint values); "joint": one range per joint over the whole chunk (every
+    # checkpoint from before this field).
+    action_range: str = "step"
     # "cnn": the image encoder is trained with the policy; "world_model": a world model's frozen
     # encoder (its ModelConfig in world_model_config) and a trained head on the latent; "pose": the
     # pixel pose estimator of push_t (for the camera of the robot profile ``robot``) and an MLP.
@@ -68,8 +76,8 @@ class PolicyConfig:
     # Normalisation: per-joint (low, high) of joint positions and of actions in the training data.
     joint_low: list[float] = dataclasses.field(default_factory=lambda: [-1.0] * 3)
     joint_high: list[float] = dataclasses.field(default_factory=lambda: [1.0] * 3)
-    action_low: list[float] = dataclasses.field(default_factory=lambda: [-1.0] * 3)  # of the targets
-    action_high: list[float] = dataclasses.field(default_factory=lambda: [1.0] * 3)
+    action_low: list = dataclasses.field(default_factory=lambda: [-1.0] * 3)  # of the targets (see action_range)
+    action_high: list = dataclasses.field(default_factory=lambda: [1.0] * 3)
     joint_names: list[str] = dataclasses.field(default_factory=list)
     control_rate_hz: float = 10.0
 
@@ -84,6 +92,7 @@ class PolicyConfig:
             raise PolicyCheckpointError(f"unknown policy config keys {sorted(unknown)}")
         data = dict(data)
         data.setdefault("action_relative", False)  # checkpoints written before the field existed
+        data.setdefault("action_range", "joint")
         for key in ("channels", "unet_dims"):
             if key in data:
                 data[key] = tuple(data[key])
@@ -291,6 +300,8 @@ class DiffusionPolicy(nn.Module):
     def __init__(self, config: PolicyConfig):
         super().__init__()
         self.config = config
+        if config.action_range not in ("step", "joint"):
+            raise PolicyCheckpointError(f"action_range must be 'step' or 'joint', got {config.action_range!r}")
         if config.image_encoder not in ENCODERS:
             raise PolicyCheckpointError(f"image_encoder must be one of {sorted(ENCODERS)}, got {config.image_encoder!r}")
         self.encoder = ENCODERS[config.image_encoder](config)

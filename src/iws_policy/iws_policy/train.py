@@ -159,17 +159,20 @@ class DemoSet:
         self.images = np.concatenate(latents)
 
     def target_range(self, config: PolicyConfig) -> tuple[np.ndarray, np.ndarray]:
-        """Per-joint (low, high) of the denoiser's targets over every (frame, chunk offset) of the set:
+        """(low, high) of the denoiser's targets over every frame of the set, per joint and chunk
+        offset (pred_horizon, joints) with ``action_range: step``, else per joint over all offsets:
         the commands, or with ``action_relative`` the commands minus the frame's joint positions."""
         start, length = self.starts[self.index[:, 0]], self.lengths[self.index[:, 0]]
         t = self.index[:, 1]
-        low, high = np.full(self.actions.shape[1], np.inf), np.full(self.actions.shape[1], -np.inf)
+        low, high = [], []
         for k in range(config.pred_horizon):
             target = self.actions[start + np.minimum(t + k, length - 1)]
             if config.action_relative:
                 target = target - self.joints[start + t]
-            low, high = np.minimum(low, target.min(0)), np.maximum(high, target.max(0))
-        return low, high
+            low.append(target.min(0))
+            high.append(target.max(0))
+        low, high = np.stack(low), np.stack(high)
+        return (low, high) if config.action_range == "step" else (low.min(0), high.max(0))
 
 
 def frame_index(lengths) -> np.ndarray:
