@@ -173,6 +173,33 @@ def test_other_tasks_reset_and_step(profile, task):
     sim.close()
 
 
+def test_memoryless_expert_answers_the_same_state_alike_whatever_came_before(push_sim):
+    """Its command is a function of the T's pose and the arm alone: two experts, one fresh and one
+    that has just pushed for 40 steps (a chosen contact, maybe banned ones), agree on the next state;
+    the stateful expert is allowed to differ, and it still pushes the T."""
+    push_sim.reset(7)
+    worked = make_expert("push_t_memoryless", push_sim)
+    worked.reset(np.random.default_rng(0))
+    start = push_sim.task_state().object_poses[0].copy()
+    for _ in range(40):
+        push_sim.step(worked.act(push_sim.task_state(), push_sim.joint_positions()))
+    state, q = push_sim.task_state(), push_sim.joint_positions()
+    assert np.linalg.norm(state.object_poses[0][:2] - start[:2]) > 0.01  # it pushed the T
+    fresh = make_expert("push_t_memoryless", push_sim)
+    fresh.reset(np.random.default_rng(1))
+    np.testing.assert_array_equal(worked.act(state, q), fresh.act(state, q))
+
+
+def test_memoryless_mix_is_push_t_only(profile):
+    from iws_data.collect import make_policy
+    sim = ReferenceSim(profile, "rope", seed=0)
+    try:
+        with pytest.raises(ValueError, match="push_t's expert only"):
+            make_policy("memoryless", "rope", sim)
+    finally:
+        sim.close()
+
+
 def test_experts_limit_pusher_step(push_sim):
     push_sim.reset(3)
     for name in EXPERTS:

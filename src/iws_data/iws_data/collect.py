@@ -67,8 +67,10 @@ def parse_mix(text: str) -> dict[str, float]:
 
 
 # --mix names -> iws_reference_robot.experts names ("expert" is the task's own scripted expert;
-# "policy" is the trained policy given by --policy).
-POLICIES = {"expert": None, "random": "smooth_random", "contact": "contact_seeking", "policy": None}
+# "policy" is the trained policy given by --policy; "memoryless" push_t's expert without hysteresis).
+POLICIES = {"expert": None, "random": "smooth_random", "contact": "contact_seeking", "policy": None,
+            "memoryless": "push_t_memoryless"}
+TASK_ONLY = {"memoryless": "push_t"}  # --mix names that exist for one task
 
 
 class CheckpointPlayer:
@@ -104,6 +106,8 @@ def make_policy(kind: str, task: str, sim):
     """A fresh policy (no state carried between episodes, so any episode regenerates alone)."""
     from iws_reference_robot.experts import make_expert
 
+    if TASK_ONLY.get(kind, task) != task:
+        raise ValueError(f"--mix {kind} is {TASK_ONLY[kind]}'s expert only, not {task}'s")
     return make_expert(task if kind == "expert" else POLICIES[kind], sim)
 
 

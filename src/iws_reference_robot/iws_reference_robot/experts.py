@@ -197,6 +197,19 @@ class PushTExpert(Expert):
         return waypoint
 
 
+class MemorylessPushTExpert(PushTExpert):
+    """PushTExpert without the state it keeps to itself: the best contact is chosen afresh every
+    step (no hysteresis) and no contact is given up on after being stuck, so its command is a
+    function of the T's pose and the arm alone, what a policy observes. The stateful expert's next
+    command is only half explained by those (docs/results/policy_pose/README.md)."""
+
+    def act(self, task_state: TaskState, joint_positions: np.ndarray) -> np.ndarray:
+        self.current = None
+        self.banned[:] = 0
+        self.history.clear()
+        return super().act(task_state, joint_positions)
+
+
 # ----------------------------------------------------------------------------------------------
 # rope and pile: choose a push, go around the objects to behind it, push, choose again
 
@@ -607,6 +620,7 @@ class ContactSeeking(Expert):
 
 EXPERTS = {
     "push_t": PushTExpert,
+    "push_t_memoryless": MemorylessPushTExpert,
     "rope": RopeExpert,
     "pile": PileExpert,
     "smooth_random": SmoothRandomMotion,
