@@ -175,8 +175,7 @@ def test_other_tasks_reset_and_step(profile, task):
 
 def test_memoryless_expert_answers_the_same_state_alike_whatever_came_before(push_sim):
     """Its command is a function of the T's pose and the arm alone: two experts, one fresh and one
-    that has just pushed for 40 steps (a chosen contact, maybe banned ones), agree on the next state;
-    the stateful expert is allowed to differ, and it still pushes the T."""
+    that has just pushed the T for 40 steps, agree on the next state."""
     push_sim.reset(7)
     worked = make_expert("push_t_memoryless", push_sim)
     worked.reset(np.random.default_rng(0))
