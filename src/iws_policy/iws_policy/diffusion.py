@@ -188,8 +188,9 @@ POSE_SCALE_M = 0.1  # the T's offset from the goal is embedded in units of 10 cm
 class PoseEncoder(nn.Module):
     """push_t's pixel pose estimator, fixed, then a trained MLP on the T's pose relative to the goal.
 
-    The policy sees the T as the pixel expert it imitates does, to a fraction of a pixel (it did
-    not make the policies succeed more often: docs/results/policy_pose/README.md). Features
+    The policy sees the T as the pixel expert it imitates does, to a fraction of a pixel (at the
+    same training budget it did not make the policies succeed more often than a learnt encoder:
+    docs/results/policy_pose/README.md). Features
     per frame: the offset from the goal (x, y in units of ``POSE_SCALE_M``), cos and sin of the yaw
     relative to the goal's, and 1; all zero while the T is not found. Takes uint8 images
     (B, H, W, 3) or those features (float, (B, 5)) computed once for training."""
