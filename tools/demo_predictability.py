@@ -21,6 +21,8 @@ import sys
 import numpy as np
 import torch
 
+from iws_policy.train import frame_index
+
 
 def regression_error(inputs: torch.Tensor, targets: torch.Tensor, train: np.ndarray, held_out: np.ndarray,
                      steps: int, seed: int) -> tuple[float, float]:
@@ -60,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.demos}: holds images or latents, not pose features (train with --image-encoder pose)",
               file=sys.stderr)
         return 1
-    frames = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths)])
-    previous = np.concatenate([np.r_[s, np.arange(s, s + n - 1)] for s, n in zip(starts, lengths)])
-    episode = np.concatenate([np.full(n, k) for k, n in enumerate(lengths)])
+    episode, t = frame_index(lengths).T  # the policy's own (episode, t) of every frame
+    frames = starts[episode] + t
+    previous = frames - (t > 0)  # an episode's first frame is its own previous one
     held_out = episode >= int(0.9 * len(lengths))
     train = ~held_out
     pose, arm, velocity = features[frames], joints[frames], joints[frames] - joints[previous]
