@@ -212,8 +212,11 @@ def test_policy_training_resumes(tiny_policy, tiny_world_model, tmp_path):
                              str(tiny_world_model.parent / "dataset"), "--out", str(resumed), "--steps", "70",
                              "--batch", "8", "--resume", "--threads", "2"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads((resumed / "config.json").read_text())["trained_steps"] == 70
+    resumed_config = json.loads((resumed / "config.json").read_text())
+    assert resumed_config["trained_steps"] == 70
     assert "60/70" in result.stderr, "training did not continue from step 60"
+    # the training time is the whole run's, not the last invocation's (reports quote it as a run's compute)
+    assert resumed_config["train_seconds"] > config["train_seconds"] > 0
 
 
 def test_policy_training_stops_on_sigterm_with_the_current_step_saved(tiny_world_model, tmp_path):

@@ -290,6 +290,7 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
     averaged_params, params = list(averaged.parameters()), list(policy.parameters())
     rng = np.random.default_rng(seed)
     step, losses, started = 0, [], time.perf_counter()
+    earlier_seconds = 0.0  # training time of the runs this one resumes, so that train_seconds is the whole run's
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / STATE_FILE
     if resume and state_path.is_file():
@@ -303,17 +304,22 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
         optimizer.load_state_dict(state["optimizer"])
         rng.bit_generator.state = state["rng"]
         step, losses = state["step"], state["losses"]
+        earlier_seconds = state.get("train_seconds", 0.0)  # states from before it was kept: unknown, 0
+
+    def train_seconds() -> float:
+        return earlier_seconds + time.perf_counter() - started
 
     def checkpoint():
         flush_losses()
         extra = {"trained_steps": step, "batch": batch, "device": device.type, "lr": lr, "seed": seed, "shift_px": shift, "ema": ema,
                  "image_encoder_from": str(image_encoder) if image_encoder else None,
                  "data": demos.used,
-                 "frames": int(len(demos.index)), "train_seconds": time.perf_counter() - started,
+                 "frames": int(len(demos.index)), "train_seconds": train_seconds(),
                  "final_loss": float(np.mean(losses[-50:])) if losses else None}
         save_policy(averaged, out, extra)
         tmp = out / (STATE_FILE + ".tmp")
-        torch.save({"model": policy.state_dict(), "ema": averaged.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.bit_generator.state, "step": step, "losses": losses}, tmp)
+        torch.save({"model": policy.state_dict(), "ema": averaged.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.bit_generator.state, "step": step, "losses": losses,
+                    "train_seconds": train_seconds()}, tmp)
         tmp.replace(state_path)
 
     pending = []  # losses still on the device: reading each one would wait for the GPU every step
@@ -353,7 +359,7 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
             if snapshot_every and step % snapshot_every == 0:
                 save_policy(averaged, out / f"step_{step:06d}", {"trained_steps": step, "data": demos.used, "seed": seed,
                                                                  "batch": batch, "device": device.type,
-                                                                 "train_seconds": time.perf_counter() - started})
+                                                                 "train_seconds": train_seconds()})
     flush_losses()
     return {"out": str(out), "steps": step, "frames": int(len(demos.index)), "data": demos.used,
             "loss_first_50": float(np.mean(losses[:50])), "loss_last_50": float(np.mean(losses[-50:])),
