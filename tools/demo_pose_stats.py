@@ -20,37 +20,36 @@ import sys
 import numpy as np
 
 from iws_policy.diffusion import POSE_SCALE_M  # PoseEncoder's features: offset / POSE_SCALE_M, cos, sin, found
+from iws_policy.train import POSE_ENCODER, DemoSet, frame_index
 
 
-def pose_steps(features: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The T's step (mm, deg) between consecutive frames of each episode where both found it."""
-    moves, turns = [], []
-    for start, length in zip(starts, lengths):
-        f = features[start:start + length].astype(np.float64)
-        both = (f[1:, 4] > 0.5) & (f[:-1, 4] > 0.5)
-        moves.append(np.linalg.norm(np.diff(f[:, :2], axis=0), axis=1)[both] * POSE_SCALE_M * 1000)
-        yaw = np.arctan2(f[:, 3], f[:, 2])
-        turns.append(np.degrees(np.abs(np.angle(np.exp(1j * np.diff(yaw)))))[both])
-    return np.concatenate(moves), np.concatenate(turns)
+def load_pose_demos(path: str) -> DemoSet:
+    """A --save-demos file whose features the pose estimator made (DemoSet.load refuses other encoders')."""
+    demos = DemoSet.load(path, POSE_ENCODER)
+    if not demos.encoded:
+        raise ValueError(f"{path}: holds images, not pose features (save them with --image-encoder pose --save-demos)")
+    return demos
 
 
 def stats(path: str) -> dict:
-    with np.load(path) as data:
-        features, joints, actions = data["images"], data["joints"], data["actions"]
-        starts, lengths = data["starts"], data["lengths"]
-    if features.dtype == np.uint8 or features.ndim != 2 or features.shape[1] != 5:
-        raise ValueError(f"{path}: not pose features (save them with --image-encoder pose --save-demos)")
-    moves, turns = pose_steps(features, starts, lengths)
-    arm_steps = np.concatenate([np.abs(np.diff(joints[s:s + n], axis=0)).mean(1) for s, n in zip(starts, lengths)])
+    demos = load_pose_demos(path)
+    features, joints = demos.images.astype(np.float64), demos.joints
+    episode, t = frame_index(demos.lengths).T
+    now = (demos.starts[episode] + t)[t > 0]  # every frame with a previous one in its episode
+    before = now - 1
+    both = (features[now, 4] > 0.5) & (features[before, 4] > 0.5)  # the T found in both frames
+    moves = np.linalg.norm(features[now, :2] - features[before, :2], axis=1)[both] * POSE_SCALE_M * 1000
+    yaw = np.arctan2(features[:, 3], features[:, 2])
+    turns = np.degrees(np.abs(np.angle(np.exp(1j * (yaw[now] - yaw[before])))))[both]
     return {
-        "demos": path, "episodes": int(len(lengths)), "frames": int(len(features)),
+        "demos": path, "episodes": int(len(demos.lengths)), "frames": int(len(features)),
         "t_found": float(features[:, 4].mean()),
         "t_step_mm": {"median": float(np.median(moves)), "p90": float(np.percentile(moves, 90)),
                       "share_over_5mm": float((moves > 5).mean()), "share_zero": float((moves < 1e-3).mean())},
         "t_step_deg": {"median": float(np.median(turns)), "p90": float(np.percentile(turns, 90)),
                        "share_over_10deg": float((turns > 10).mean())},
-        "arm_step_rad": float(arm_steps.mean()),
-        "command_offset_rad": float(np.abs(actions - joints).mean()),
+        "arm_step_rad": float(np.abs(joints[now] - joints[before]).mean()),
+        "command_offset_rad": float(np.abs(demos.actions - joints).mean()),
     }
 
 
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         print(json.dumps([stats(p) for p in args.demos], indent=1))
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError) as exc:  # DemoSet.load turns a bad file into a ValueError
         print(f"demo_pose_stats: error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -23,6 +23,8 @@ import torch
 
 from iws_policy.train import frame_index
 
+from demo_pose_stats import load_pose_demos
+
 
 def regression_error(inputs: torch.Tensor, targets: torch.Tensor, train: np.ndarray, held_out: np.ndarray,
                      steps: int, seed: int) -> tuple[float, float]:
@@ -55,13 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    with np.load(args.demos) as data:
-        features, joints, actions = data["images"].astype(np.float32), data["joints"], data["actions"]
-        starts, lengths = data["starts"], data["lengths"]
-    if features.ndim != 2:
-        print(f"{args.demos}: holds images or latents, not pose features (train with --image-encoder pose)",
-              file=sys.stderr)
+    try:
+        demos = load_pose_demos(args.demos)
+    except (OSError, ValueError) as exc:
+        print(f"demo_predictability: error: {exc}", file=sys.stderr)
         return 1
+    features, joints, actions = demos.images.astype(np.float32), demos.joints, demos.actions
+    starts, lengths = demos.starts, demos.lengths
     episode, t = frame_index(lengths).T  # the policy's own (episode, t) of every frame
     frames = starts[episode] + t
     previous = frames - (t > 0)  # an episode's first frame is its own previous one
