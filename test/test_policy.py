@@ -431,6 +431,23 @@ def test_evaluate_through_ros_from_matched_starts(backend, tiny_policy, tiny_wor
         assert result["scorer_agreement"] is not None
 
 
+def test_evaluation_continues_where_a_failed_run_stopped(tiny_policy, tmp_path):
+    first = evaluate(str(tiny_policy), "reference", episodes=2, steps=6, seed=91, out=tmp_path, progress=False)
+    progress = tmp_path / "episodes.jsonl"
+    lines = progress.read_text().splitlines()
+    assert len(lines) == 3 and json.loads(lines[0])["evaluation"]["seed"] == 91
+    # as a run killed during its second episode leaves it: one episode done, the next one cut off mid-line
+    progress.write_text(lines[0] + "\n" + lines[1] + "\n" + lines[2][:40])
+    resumed = evaluate(str(tiny_policy), "reference", episodes=3, steps=6, seed=91, out=tmp_path, progress=False)
+    assert resumed["resumed_episodes"] == 1 and resumed["episodes"] == 3
+    assert [r["seed"] for r in resumed["per_episode"]] == [91, 92, 93]
+    assert resumed["per_episode"][0] == first["per_episode"][0]  # kept, not run again
+    assert resumed["per_episode"][1]["pixel_scores"] == first["per_episode"][1]["pixel_scores"]  # lockstep: same episode
+    assert len(progress.read_text().splitlines()) == 4
+    other = evaluate(str(tiny_policy), "reference", episodes=1, steps=6, seed=500, out=tmp_path, progress=False)
+    assert other["resumed_episodes"] == 0 and other["per_episode"][0]["seed"] == 500  # another evaluation's file is replaced
+
+
 def test_policy_node_drives_a_backend_it_does_not_know(tiny_policy, domain_id, start_backend, ros_client, tmp_path):
     start_backend("reference", mode="realtime")
     joints = ros_client.collect(JointState, PROFILE.topics.joint_states)

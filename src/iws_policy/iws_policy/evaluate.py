@@ -20,6 +20,12 @@ smeared the T away under a policy's commands was seen to paint it back later at 
 no success. On the reference robot the ground truth
 (TaskState) is reported beside it. The rate has a Wilson 95 % interval. Writes ``OUT/evaluation.json``
 and MP4s of the first ``--videos`` episodes.
+
+Nothing finished is lost: each episode is appended to ``OUT/episodes.jsonl`` as it ends, under a
+first line that names the evaluation (policy and model weights, backend, seed, steps, horizon,
+scorer). A run that fails or is interrupted is continued by the same command with the same
+``--out``: it starts at the first episode the file does not hold. A file of another evaluation is
+replaced.
 """
 from __future__ import annotations
 
@@ -62,6 +68,39 @@ def best_score_before_loss(scores: list[float], found: list[bool], lost_frames: 
             break
     valid = scores if lost_at is None else scores[:lost_at]
     return (float(max(valid)) if valid else 0.0), lost_at
+
+
+PROGRESS_FILE = "episodes.jsonl"
+
+
+def load_progress(path: Path, identity: dict) -> list[dict]:
+    """The episodes an earlier run of the same evaluation finished, in order. A file of another
+    evaluation, or none, gives none; a last line cut off by a failure is dropped."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    try:
+        if not lines or json.loads(lines[0]) != {"evaluation": identity}:
+            return []
+    except ValueError:
+        return []
+    rows = []
+    for line in lines[1:]:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            break
+        if not isinstance(row, dict) or row.get("episode") != len(rows):
+            break
+        rows.append(row)
+    return rows
+
+
+def policy_weights(policy: str) -> str | None:
+    """The digest of a checkpoint directory's weights (None: a scripted policy such as the expert)."""
+    from iws_world_model.checkpoint import WEIGHTS, weights_digest
+    return weights_digest(policy) if (Path(policy) / WEIGHTS).is_file() else None
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -211,13 +250,25 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
     scorer = PixelScorer(profile)
     scene = ReferenceSim(profile, task="push_t", seed=seed) if backend == "world_model" else None
     window_frames = None
-    rows, started = [], time.perf_counter()
+    identity = {"policy": policy, "policy_weights": policy_weights(policy), "backend": backend, "robot": robot,
+                "model_weights": weights, "steps": steps, "seed": seed, "action_horizon": horizon,
+                "scorer": scorer.identity}
+    progress_path = out / PROGRESS_FILE
+    rows = load_progress(progress_path, identity)[:episodes]
+    resumed, earlier_seconds = len(rows), sum(r.get("seconds", 0.0) for r in rows)
+    with open(progress_path, "w") as f:  # rewritten: drops another evaluation's file and a cut-off last line
+        f.write(json.dumps({"evaluation": identity}) + "\n" + "".join(json.dumps(r) + "\n" for r in rows))
+    if resumed and progress:
+        print(f"iws evaluate: continuing after the {resumed} episodes already in {progress_path}", file=sys.stderr)
+    started = time.perf_counter()
     try:
         session.wait_ready()
         if backend == "world_model":
             from iws_world_model.checkpoint import read_meta
             window_frames = int(read_meta(model or default_model_dir())["model"]["window"])
-        for k in tqdm(range(episodes), desc=f"evaluate on {backend}", disable=not progress, dynamic_ncols=True):
+        for k in tqdm(range(resumed, episodes), desc=f"evaluate on {backend}", disable=not progress,
+                      dynamic_ncols=True, initial=resumed, total=episodes):
+            episode_started = time.perf_counter()
             episode_seed = seed + k
             runner = make_runner(policy, profile, seed=episode_seed, action_horizon=action_horizon)
             window = start_window(scene, episode_seed, window_frames) if scene is not None else None
@@ -248,9 +299,12 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
             if truth:
                 row.update(truth_best_score=float(max(truth)), truth_success=bool(max(truth) >= scorer.task_threshold),
                            truth_scores=[round(float(x), 4) for x in truth])
-            rows.append(row)
             if k < videos:
                 write_mp4(frames, out / f"episode_{k:03d}.mp4", fps=profile.control_rate_hz, upscale=3)
+            row["seconds"] = round(time.perf_counter() - episode_started, 2)
+            rows.append(row)
+            with open(progress_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
     finally:
         session.close()
         if scene is not None:
@@ -264,7 +318,8 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
               "ci95": [low, high], "lost_frames_rule": LOST_FRAMES, "scorer": scorer.identity,
               "object_lost_rate": sum(r["object_lost_at"] is not None for r in rows) / max(len(rows), 1),
               "success_rate_ignoring_loss": sum(r["pixel_best_score_any_frame"] >= scorer.threshold for r in rows) / max(len(rows), 1),
-              "seconds": time.perf_counter() - started, "out": str(out), "per_episode": rows}
+              "seconds": earlier_seconds + time.perf_counter() - started, "resumed_episodes": resumed,
+              "out": str(out), "per_episode": rows}
     if backend == "reference":
         result["truth_success_rate"] = sum(r.get("truth_success", False) for r in rows) / max(len(rows), 1)
         result["scorer_agreement"] = float(np.mean([r["success"] == r.get("truth_success") for r in rows])) if rows else None
@@ -301,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--robot", default="reference_arm")
     parser.add_argument("--videos", type=int, default=0, help="MP4s of the first N episodes")
     parser.add_argument("--action-horizon", type=int, help="commands executed per predicted chunk (default: the checkpoint's)")
-    parser.add_argument("--out", type=Path, help="directory for evaluation.json, videos and logs")
+    parser.add_argument("--out", type=Path, help="directory for evaluation.json, videos and logs; the same command continues a run "
+                             "that stopped early there (episodes.jsonl)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.episodes < 1 or args.steps < 1:
