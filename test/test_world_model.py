@@ -586,6 +586,27 @@ def test_motion_oversampling_draws_the_windows_where_the_object_moves(tmp_path, 
         in capsys.readouterr().err
 
 
+def test_goal_undersampling_draws_the_windows_on_a_covered_goal_less_often(tmp_path):
+    data = train.WindowData(Dataset(make_dataset(tmp_path / "d")), 3, "train")
+    cfg = dataclasses.replace(load_config(TINY)[1], goal_undersample=0.1)
+    targets = np.asarray(data.starts) + 2
+    visible = np.full(len(data.dataset.images), 100)
+    visible[targets[:5]] = 15  # the goal 85 % covered in the target frames of five windows
+    weights = train.goal_weights(data, cfg, visible)
+    np.testing.assert_array_equal(weights, np.where(np.arange(len(weights)) < 5, 0.1, 1.0))
+    visible[targets[:5]] = 25  # 75 % covered: not the task done at the default 0.8
+    assert (train.goal_weights(data, cfg, visible) == 1).all()
+    with pytest.raises(ConfigError, match="visible in none"):
+        train.goal_weights(data, cfg, np.zeros_like(visible))
+    # the pixel pass counts the green goal's pixels left visible: the blue T on it hides them
+    images = np.full((3, 16, 16, 3), 200, np.uint8)
+    images[:, 4:8, 4:8] = (140, 217, 140)
+    images[1, 4:8, 4:7] = (40, 60, 200)
+    assert list(train.goal_cover_pass(images, "push_t", quiet=True)) == [16, 4, 16]
+    with pytest.raises(ConfigError, match="no goal mask"):
+        train.goal_cover_pass(images, "rope", quiet=True)
+
+
 def test_multistep_dynamics_trains_the_jumps_it_rolls_out_with(tmp_path, dataset_dir, run_dir):
     """dynamics_jump_fraction starts half of each stage-2 batch's targets at the intermediate noise
     levels of 2- and 3-step inference (499; 666, 333) instead of 999, all regressed onto the clean
@@ -1098,7 +1119,8 @@ def test_config_errors_name_the_key(tmp_path):
                        ("dynamics_distance", "l3"), ("dynamics_jump_levels", "all"), ("object_loss_weight", -1.0),
                        ("stage4_self_forcing_fraction", 2.0), ("stage4_self_forcing_min_frames", 17),
                        ("stage3_predicted_fraction", 1.5), ("stage3_chain_frames", 0), ("dynamics_pixel_weight", -1.0),
-                       ("dynamics_adversarial_weight", -0.1), ("critic_lr", 0), ("critic_warmup", -1)):
+                       ("dynamics_adversarial_weight", -0.1), ("critic_lr", 0), ("critic_warmup", -1),
+                       ("goal_undersample", 0), ("goal_covered_fraction", 1.5)):
         bad.write_text(f"train:\n  {key}: {value}\n")
         with pytest.raises(ConfigError, match=key):
             load_config(bad)

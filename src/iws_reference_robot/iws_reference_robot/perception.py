@@ -41,9 +41,18 @@ def t_block_mask(image: np.ndarray) -> np.ndarray:
     return (b > 110) & (b - r > 60) & (b - g > 25)
 
 
+def goal_mask(image: np.ndarray) -> np.ndarray:
+    """Pixels of the green goal T left visible (rgb8): the T on the goal hides most of them."""
+    rgb = image.astype(np.int16)
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    return (g - r > 40) & (g - b > 20)
+
+
 # The movable object of each task, as a pixel mask: what world-model training watches for contact
 # (iws_world_model.train, motion_oversample).
 OBJECT_MASKS = {"push_t": t_block_mask}
+# The goal of each task as visible pixels: covered, the task is done (iws_world_model.train, goal_undersample).
+GOAL_MASKS = {"push_t": goal_mask}
 
 
 def _grow(mask: np.ndarray) -> np.ndarray:

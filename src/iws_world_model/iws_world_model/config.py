@@ -131,6 +131,8 @@ class TrainConfig:
     motion_oversample: float = 1.0   # stage 2: windows whose target frame moves the task's object are drawn this many times as often
     motion_task: str = "push_t"      # whose object mask says what moved (iws_reference_robot.perception.OBJECT_MASKS)
     motion_min_pixels: int = 6       # object-mask pixels (at the dataset's image size) that must change from the last history frame
+    goal_undersample: float = 1.0    # stage 2: windows whose target frame shows the goal covered (the task done) are drawn this fraction as often
+    goal_covered_fraction: float = 0.8  # covered: at most 1 - this of the goal's pixels (its 99th-percentile count in the data) visible
     object_loss_weight: float = 0.0  # stage 2: latent cells on the task's object (where it is in the target or was in the last history frame) weigh 1 + this in the dynamics loss
     dynamics_pixel_weight: float = 0.0  # stages 2 and 4: + this x the pixel MSE of the predicted latent decoded (frozen decoder) against the real frame
     # stages 2 and 4: + a critic's verdict on the predicted latent (a patch critic trained beside the
@@ -178,6 +180,9 @@ class TrainConfig:
             raise ConfigError(f"{where}.critic_lr: must be positive, got {self.critic_lr!r}")
         if not self.object_loss_weight >= 0:
             raise ConfigError(f"{where}.object_loss_weight: must be >= 0 (0: off), got {self.object_loss_weight!r}")
+        for key in ("goal_undersample", "goal_covered_fraction"):
+            if not 0 < getattr(self, key) <= 1:
+                raise ConfigError(f"{where}.{key}: must lie in (0, 1] (goal_undersample 1: off), got {getattr(self, key)!r}")
         if self.motion_min_pixels < 1:
             raise ConfigError(f"{where}.motion_min_pixels: must be >= 1, got {self.motion_min_pixels!r}")
         for prefix in ("", "stage4_"):

@@ -137,6 +137,32 @@ def motion_weights(data: WindowData, cfg: TrainConfig, changed: np.ndarray | Non
     return np.where(changed[target] >= cfg.motion_min_pixels, cfg.motion_oversample, 1.0)
 
 
+def goal_cover_pass(images, task: str, chunk: int = 4096, quiet: bool = False) -> np.ndarray:
+    """Per frame, how many of the task's goal pixels are visible (few: the object covers the goal)."""
+    from iws_reference_robot.perception import GOAL_MASKS  # no ROS; pulled in only when asked for
+    if task not in GOAL_MASKS:
+        raise ConfigError(f"train.motion_task: no goal mask for '{task}' (known: {sorted(GOAL_MASKS)})")
+    visible = np.zeros(len(images), dtype=np.int64)
+    for i in tqdm(range(0, len(images), chunk), desc="goal masks", unit="chunk", disable=quiet,
+                  dynamic_ncols=True, file=sys.stderr):
+        frames = np.asarray(images[i:i + chunk])
+        visible[i:i + len(frames)] = GOAL_MASKS[task](frames).reshape(len(frames), -1).sum(1)
+    return visible
+
+
+def goal_weights(data: WindowData, cfg: TrainConfig, visible: np.ndarray) -> np.ndarray:
+    """A sampling factor per window: ``cfg.goal_undersample`` where the target frame shows the goal
+    covered, else 1. In push_t the T sits on its goal in about a sixth of the frames (the expert's
+    episodes end there), the one pose the data holds that often; a dynamics unsure of a pushed T
+    was seen to redraw it on the goal, so that every policy wins in the model (docs/architecture.md)."""
+    full = float(np.percentile(visible, 99))
+    if full <= 0:
+        raise ConfigError(f"train.goal_undersample: the {cfg.motion_task} goal is visible in none of the frames")
+    covered = visible <= (1 - cfg.goal_covered_fraction) * full
+    target = np.asarray(data.starts) + data.length - 1
+    return np.where(covered[target], cfg.goal_undersample, 1.0)
+
+
 def batches(data: WindowData, batch_size: int, seed: int, rank: int, world: int, workers: int, device,
             weights: np.ndarray | None = None):
     """Endless shuffled batches; epochs reshuffle (DistributedSampler shards across ranks). With
@@ -272,23 +298,31 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids)
         length = StageObjective.window_length(self.model_cfg, cfg, trains)
-        weights = object_cells = None
+        weights = motion = object_cells = goal_factor = None
         oversample, weigh_cells = cfg.motion_oversample > 1, cfg.object_loss_weight > 0
         if trains == 2 and (oversample or weigh_cells):  # before encoding: a bad task fails fast
             changed, object_cells = self.object_masks()
             if oversample:
-                weights = motion_weights(WindowData(self.dataset, length, "train"), cfg, changed)
+                weights = motion = motion_weights(WindowData(self.dataset, length, "train"), cfg, changed)
+        if trains == 2 and cfg.goal_undersample < 1:
+            goal_factor = goal_weights(WindowData(self.dataset, length, "train"), cfg,
+                                       goal_cover_pass(self.dataset.images, cfg.motion_task, quiet=self.rank != 0))
+            weights = goal_factor if weights is None else weights * goal_factor
         # Windows of several frames are the dynamics' (stage 2, or stage 3 on its predictions): latents.
         latents = self.dataset_latents() if length > 1 and cfg.cache_latents else None
         data = WindowData(self.dataset, length, "train", latents, object_cells,
                           last_image=trains == 3 or cfg.dynamics_pixel_weight > 0)
         if len(data) == 0:
             raise DatasetError(f"{self.dataset.root}: no training window of {length} frames for stage {stage}")
-        if weights is not None and self.rank == 0:
-            moving = float(np.mean(weights > 1))
+        if goal_factor is not None and self.rank == 0:
+            print(f"stage 2: {float(np.mean(goal_factor < 1)):.1%} of the windows end with the goal covered; drawn "
+                  f"{cfg.goal_undersample:g}x as often, they make "
+                  f"{float(weights[goal_factor < 1].sum() / weights.sum()):.1%} of the batches", file=sys.stderr)
+        if motion is not None and self.rank == 0:
+            moving = float(np.mean(motion > 1))
             print(f"stage 2: {moving:.1%} of the windows move the {self.train_cfg.motion_task} object; drawn "
                   f"{self.train_cfg.motion_oversample:g}x as often, they make "
-                  f"{float(weights[weights > 1].sum() / weights.sum()):.1%} of the batches", file=sys.stderr)
+                  f"{float(weights[motion > 1].sum() / weights.sum()):.1%} of the batches", file=sys.stderr)
         stream = batches(data, scfg.batch_size, self.train_cfg.seed + start, self.rank, self.world,
                          self.train_cfg.num_workers, self.device, weights)
         if start == 0:  # a fresh (or repeated) stage starts fresh statistics
