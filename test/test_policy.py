@@ -444,6 +444,9 @@ def test_evaluation_continues_where_a_failed_run_stopped(tiny_policy, tmp_path):
     assert resumed["per_episode"][0] == first["per_episode"][0]  # kept, not run again
     assert resumed["per_episode"][1]["pixel_scores"] == first["per_episode"][1]["pixel_scores"]  # lockstep: same episode
     assert len(progress.read_text().splitlines()) == 4
+    fewer = evaluate(str(tiny_policy), "reference", episodes=2, steps=6, seed=91, out=tmp_path, progress=False)
+    assert fewer["resumed_episodes"] == 2 and fewer["per_episode"] == resumed["per_episode"][:2]
+    assert len(progress.read_text().splitlines()) == 4  # the third episode stays in the file
     other = evaluate(str(tiny_policy), "reference", episodes=1, steps=6, seed=500, out=tmp_path, progress=False)
     assert other["resumed_episodes"] == 0 and other["per_episode"][0]["seed"] == 500  # another evaluation's file is replaced
 

@@ -254,10 +254,11 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
                 "model_weights": weights, "steps": steps, "seed": seed, "action_horizon": horizon,
                 "scorer": scorer.identity}
     progress_path = out / PROGRESS_FILE
-    rows = load_progress(progress_path, identity)[:episodes]
-    resumed, earlier_seconds = len(rows), sum(r.get("seconds", 0.0) for r in rows)
+    done = load_progress(progress_path, identity)
     with open(progress_path, "w") as f:  # rewritten: drops another evaluation's file and a cut-off last line
-        f.write(json.dumps({"evaluation": identity}) + "\n" + "".join(json.dumps(r) + "\n" for r in rows))
+        f.write(json.dumps({"evaluation": identity}) + "\n" + "".join(json.dumps(r) + "\n" for r in done))
+    rows = done[:episodes]  # a rerun with fewer episodes reads the first ones and keeps the rest in the file
+    resumed, earlier_seconds = len(rows), sum(r.get("seconds", 0.0) for r in rows)
     if resumed and progress:
         print(f"iws evaluate: continuing after the {resumed} episodes already in {progress_path}", file=sys.stderr)
     started = time.perf_counter()
