@@ -252,7 +252,7 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
     window_frames = None
     identity = {"policy": policy, "policy_weights": policy_weights(policy), "backend": backend, "robot": robot,
                 "model_weights": weights, "steps": steps, "seed": seed, "action_horizon": horizon,
-                "scorer": scorer.identity}
+                "scorer": scorer.identity, "lost_frames_rule": LOST_FRAMES}  # the rows' verdicts depend on both
     progress_path = out / PROGRESS_FILE
     done = load_progress(progress_path, identity)
     with open(progress_path, "w") as f:  # rewritten: drops another evaluation's file and a cut-off last line

@@ -300,13 +300,13 @@ class Trainer:
         length = StageObjective.window_length(self.model_cfg, cfg, trains)
         weights = motion = object_cells = goal_factor = None
         oversample, weigh_cells = cfg.motion_oversample > 1, cfg.object_loss_weight > 0
+        windows = WindowData(self.dataset, length, "train") if trains == 2 else None  # what the weights index
         if trains == 2 and (oversample or weigh_cells):  # before encoding: a bad task fails fast
             changed, object_cells = self.object_masks()
             if oversample:
-                weights = motion = motion_weights(WindowData(self.dataset, length, "train"), cfg, changed)
+                weights = motion = motion_weights(windows, cfg, changed)
         if trains == 2 and cfg.goal_undersample < 1:
-            goal_factor = goal_weights(WindowData(self.dataset, length, "train"), cfg,
-                                       goal_cover_pass(self.dataset.images, cfg.motion_task, quiet=self.rank != 0))
+            goal_factor = goal_weights(windows, cfg, self.goal_visible())
             weights = goal_factor if weights is None else weights * goal_factor
         # Windows of several frames are the dynamics' (stage 2, or stage 3 on its predictions): latents.
         latents = self.dataset_latents() if length > 1 and cfg.cache_latents else None
@@ -380,6 +380,13 @@ class Trainer:
                                                            self.model_cfg.latent_size if weigh_cells else None,
                                                            quiet=self.rank != 0)
         return self._cache["object_masks"]
+
+    def goal_visible(self) -> np.ndarray:
+        """goal_cover_pass once per process: stages 2 and 4 draw from the same frames."""
+        if "goal_visible" not in self._cache:
+            self._cache["goal_visible"] = goal_cover_pass(self.dataset.images, self.train_cfg.motion_task,
+                                                          quiet=self.rank != 0)
+        return self._cache["goal_visible"]
 
     def dataset_latents(self) -> torch.Tensor:
         """Every frame's latent, encoded once per process: stage 1 is over by then and stages 3
