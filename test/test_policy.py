@@ -431,7 +431,7 @@ def test_evaluate_through_ros_from_matched_starts(backend, tiny_policy, tiny_wor
         assert result["scorer_agreement"] is not None
 
 
-def test_evaluation_continues_where_a_failed_run_stopped(tiny_policy, tmp_path):
+def test_evaluation_continues_where_a_failed_run_stopped(tiny_policy, tmp_path, monkeypatch):
     first = evaluate(str(tiny_policy), "reference", episodes=2, steps=6, seed=91, out=tmp_path, progress=False)
     progress = tmp_path / "episodes.jsonl"
     lines = progress.read_text().splitlines()
@@ -447,6 +447,15 @@ def test_evaluation_continues_where_a_failed_run_stopped(tiny_policy, tmp_path):
     fewer = evaluate(str(tiny_policy), "reference", episodes=2, steps=6, seed=91, out=tmp_path, progress=False)
     assert fewer["resumed_episodes"] == 2 and fewer["per_episode"] == resumed["per_episode"][:2]
     assert len(progress.read_text().splitlines()) == 4  # the third episode stays in the file
+    import iws_policy.evaluate as evaluate_module
+
+    def no_backend(*args, **kwargs):
+        raise AssertionError("a backend was started with every episode already done")
+    monkeypatch.setattr(evaluate_module, "BackendSession", no_backend)
+    again = evaluate(str(tiny_policy), "reference", episodes=3, steps=6, seed=91, out=tmp_path, progress=False)
+    assert again["resumed_episodes"] == 3 and again["per_episode"] == resumed["per_episode"]
+    assert again["policy_weights"] == json.loads(lines[0])["evaluation"]["policy_weights"] is not None
+    monkeypatch.undo()
     other = evaluate(str(tiny_policy), "reference", episodes=1, steps=6, seed=500, out=tmp_path, progress=False)
     assert other["resumed_episodes"] == 0 and other["per_episode"][0]["seed"] == 500  # another evaluation's file is replaced
 
@@ -537,3 +546,6 @@ def test_experiment_reports_from_cached_evaluations(tmp_path, monkeypatch):
     cached.write_text(json.dumps(judged_before))
     evaluation("/ckpt/a", "reference", tmp_path / "mix" / "reference_a", 4, 9, 1, None)
     assert reruns == [2, None, None, None], "an evaluation judged by another pixel scorer is not the cached one"
+    cached.write_text(json.dumps({**judged_before, "scorer": scorer_identity(), "policy_weights": "other digest"}))
+    evaluation("/ckpt/a", "reference", tmp_path / "mix" / "reference_a", 4, 9, 1, None)
+    assert reruns == [2, None, None, None, None], "a checkpoint retrained at the same path is not the cached one"

@@ -239,17 +239,14 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
 
     torch.set_num_threads(threads)  # the backend process needs the other core
     from iws_common.profile import load_profile
+    profile = load_profile(robot)
     # A bad checkpoint or horizon fails here, before a backend starts.
-    horizon = getattr(make_runner(policy, load_profile(robot), action_horizon=action_horizon), "action_horizon", None)
+    horizon = getattr(make_runner(policy, profile, action_horizon=action_horizon), "action_horizon", None)
     # Digest before the run: the weights this evaluation judges by (and a missing model fails now).
     weights = model_weights(model) if backend == "world_model" else None
     out = Path(out or tempfile.mkdtemp(prefix="iws_evaluate_"))
     out.mkdir(parents=True, exist_ok=True)
-    session = BackendSession(backend, robot, model, out)
-    profile = session.profile
     scorer = PixelScorer(profile)
-    scene = ReferenceSim(profile, task="push_t", seed=seed) if backend == "world_model" else None
-    window_frames = None
     identity = {"policy": policy, "policy_weights": policy_weights(policy), "backend": backend, "robot": robot,
                 "model_weights": weights, "steps": steps, "seed": seed, "action_horizon": horizon,
                 "scorer": scorer.identity, "lost_frames_rule": LOST_FRAMES}  # the rows' verdicts depend on both
@@ -262,9 +259,14 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
     if resumed and progress:
         print(f"iws evaluate: continuing after the {resumed} episodes already in {progress_path}", file=sys.stderr)
     started = time.perf_counter()
+    # Nothing left to run: no backend is started (a world model takes half a minute to load).
+    session = BackendSession(backend, robot, model, out) if resumed < episodes else None
+    scene, window_frames = None, None
     try:
-        session.wait_ready()
-        if backend == "world_model":
+        if session is not None:
+            scene = ReferenceSim(profile, task="push_t", seed=seed) if backend == "world_model" else None
+            session.wait_ready()
+        if scene is not None:
             from iws_world_model.checkpoint import read_meta
             window_frames = int(read_meta(model or default_model_dir())["model"]["window"])
         for k in tqdm(range(resumed, episodes), desc=f"evaluate on {backend}", disable=not progress,
@@ -307,13 +309,14 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
             with open(progress_path, "a") as f:
                 f.write(json.dumps(row) + "\n")
     finally:
-        session.close()
+        if session is not None:
+            session.close()
         if scene is not None:
             scene.close()
     successes = sum(r["success"] for r in rows)
     low, high = wilson_interval(successes, len(rows))
-    result = {"policy": policy, "backend": backend, "model": model if backend == "world_model" else None,
-              "model_weights": weights,
+    result = {"policy": policy, "policy_weights": identity["policy_weights"], "backend": backend,
+              "model": model if backend == "world_model" else None, "model_weights": weights,
               "episodes": len(rows), "steps": steps, "seed": seed, "action_horizon": horizon,
               "success_rate": successes / max(len(rows), 1),
               "ci95": [low, high], "lost_frames_rule": LOST_FRAMES, "scorer": scorer.identity,

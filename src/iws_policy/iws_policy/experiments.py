@@ -48,10 +48,12 @@ def checkpoint_action_horizon(policy: str) -> int | None:
 
 def evaluation(policy: str, backend: str, out: Path, episodes: int, steps: int, seed: int, model: str | None,
                action_horizon: int | None = None) -> dict:
-    """`iws evaluate` into ``out``, or its earlier result when it matches: the same checkpoint path,
-    episodes, steps, seeds, loss rule, pixel scorer, action horizon (None: the checkpoint's own, which
-    evaluations from before the option used) and, in the world model, the same weights."""
-    from iws_policy.evaluate import LOST_FRAMES, evaluate, model_weights
+    """`iws evaluate` into ``out``, or its earlier result when it matches: the same checkpoint path and
+    weights (results from before 2026-12-07 name the path only), episodes, steps, seeds, loss rule, pixel
+    scorer, action horizon (None: the checkpoint's own, which evaluations from before the option used)
+    and, in the world model, the same weights. (`iws evaluate` itself continues from its
+    episodes.jsonl, which stays out of git; evaluation.json is what a report's directory keeps.)"""
+    from iws_policy.evaluate import LOST_FRAMES, evaluate, model_weights, policy_weights
     from iws_reference_robot.scoring import scorer_identity
 
     cached = out / "evaluation.json"
@@ -60,7 +62,8 @@ def evaluation(policy: str, backend: str, out: Path, episodes: int, steps: int, 
         own = checkpoint_action_horizon(policy)
         same_horizon = (result.get("action_horizon") or own) == (action_horizon or own)
         same_world = backend != "world_model" or result.get("model_weights") == model_weights(model)
-        if same_horizon and same_world and (result.get("policy"), result.get("episodes"), result.get("steps"), result.get("seed"),
+        same_weights = "policy_weights" not in result or result["policy_weights"] == policy_weights(policy)
+        if same_horizon and same_world and same_weights and (result.get("policy"), result.get("episodes"), result.get("steps"), result.get("seed"),
                              result.get("lost_frames_rule"), result.get("scorer")) == (policy, episodes, steps, seed, LOST_FRAMES,
                                                                                       scorer_identity()):
             return result
