@@ -436,6 +436,8 @@ def test_evaluation_continues_where_a_failed_run_stopped(tiny_policy, tmp_path, 
     progress = tmp_path / "episodes.jsonl"
     lines = progress.read_text().splitlines()
     assert len(lines) == 3 and json.loads(lines[0])["evaluation"]["seed"] == 91
+    fits = first["per_episode"][0]["pixel_fits"]  # the robot draws a sharp T: its silhouette fits
+    assert len(fits) == 7 and float(np.median(fits)) > 0.8, fits
     # as a run killed during its second episode leaves it: one episode done, the next one cut off mid-line
     progress.write_text(lines[0] + "\n" + lines[1] + "\n" + lines[2][:40])
     resumed = evaluate(str(tiny_policy), "reference", episodes=3, steps=6, seed=91, out=tmp_path, progress=False)

@@ -276,7 +276,7 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
             runner = make_runner(policy, profile, seed=episode_seed, action_horizon=action_horizon)
             window = start_window(scene, episode_seed, window_frames) if scene is not None else None
             stamp = session.reset(episode_seed, window)
-            frames, scores, found, truth = [], [], [], []
+            frames, scores, found, fits, truth = [], [], [], [], []
             session.task_states.clear()
             for t in range(steps + 1):
                 stamp, image, joints = session.latest(stamp)
@@ -284,6 +284,7 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
                 verdict = scorer(image)
                 scores.append(verdict.score)
                 found.append(verdict.found)
+                fits.append(verdict.fit)
                 if t == steps:
                     break
                 command = runner.act(image, joints)
@@ -298,7 +299,8 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
             row = {"episode": k, "seed": episode_seed, "pixel_best_score": best, "pixel_final_score": float(scores[-1]),
                    "pixel_best_score_any_frame": float(max(scores)), "object_lost_at": lost_at,
                    "success": best >= scorer.threshold,
-                   "pixel_scores": [round(float(x), 4) for x in scores]}  # per frame: other verdict rules can be replayed
+                   "pixel_scores": [round(float(x), 4) for x in scores],  # per frame: other verdict rules can be replayed
+                   "pixel_fits": [round(float(x), 3) for x in fits]}  # how T-like the object is drawn (1: exactly)
             if truth:
                 row.update(truth_best_score=float(max(truth)), truth_success=bool(max(truth) >= scorer.task_threshold),
                            truth_scores=[round(float(x), 4) for x in truth])

@@ -47,6 +47,7 @@ class PixelScore:
     score: float
     success: bool
     pose: np.ndarray  # the estimated object pose (x, y, yaw), NaN when not found
+    fit: float = 0.0  # IoU of the fitted silhouette with the object's pixels: low when the object is drawn smeared
 
 
 def scorer_identity(threshold: float = PIXEL_SUCCESS_THRESHOLD) -> str:
@@ -75,9 +76,9 @@ class PixelScorer:
     def __call__(self, image: np.ndarray) -> PixelScore:
         estimate = self.estimator.estimate(image)
         if not estimate.found:
-            return PixelScore(False, 0.0, False, estimate.pose)
+            return PixelScore(False, 0.0, False, estimate.pose, float(estimate.fit))
         score = self.estimator.score(estimate.pose)
-        return PixelScore(True, score, score >= self.threshold, estimate.pose)
+        return PixelScore(True, score, score >= self.threshold, estimate.pose, float(estimate.fit))
 
 
 def _summary(rows) -> dict:
