@@ -462,6 +462,25 @@ def test_evaluation_continues_where_a_failed_run_stopped(tiny_policy, tmp_path, 
     assert other["resumed_episodes"] == 0 and other["per_episode"][0]["seed"] == 500  # another evaluation's file is replaced
 
 
+def test_experiment_runs_evaluations_side_by_side(tiny_policy, tmp_path):
+    """`iws experiment datamix --jobs 2`: two `iws evaluate` processes at once, the report from their results,
+    and a rerun that finds both on disk starts none."""
+    command = [sys.executable, "-m", "iws_bringup.cli", "experiment", "datamix", "--policy", f"a={tiny_policy}",
+               "--policy", f"b={tiny_policy}", "--wm-fraction", "a=0", "--wm-fraction", "b=1", "--episodes", "1",
+               "--steps", "4", "--seed", "7", "--jobs", "2", "--out", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("evaluating ") == 2, result.stderr[-3000:]
+    for name in ("a", "b"):
+        evaluation = json.loads((tmp_path / f"reference_{name}" / "evaluation.json").read_text())
+        assert evaluation["episodes"] == 1 and evaluation["per_episode"][0]["seed"] == 7
+        assert (tmp_path / f"reference_{name}" / "evaluate.log").is_file()
+    report = json.loads((tmp_path / "datamix.json").read_text())
+    assert [row["name"] for row in report["policies"]] == ["a", "b"]
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "evaluating " not in again.stderr, again.stderr[-3000:]
+
+
 def test_policy_node_drives_a_backend_it_does_not_know(tiny_policy, domain_id, start_backend, ros_client, tmp_path):
     start_backend("reference", mode="realtime")
     joints = ros_client.collect(JointState, PROFILE.topics.joint_states)

@@ -46,29 +46,92 @@ def checkpoint_action_horizon(policy: str) -> int | None:
         return None
 
 
-def evaluation(policy: str, backend: str, out: Path, episodes: int, steps: int, seed: int, model: str | None,
-               action_horizon: int | None = None) -> dict:
-    """`iws evaluate` into ``out``, or its earlier result when it matches: the same checkpoint path and
-    weights (results from before 2026-12-07 name the path only), episodes, steps, seeds, loss rule, pixel
-    scorer, action horizon (None: the checkpoint's own, which evaluations from before the option used)
-    and, in the world model, the same weights. (`iws evaluate` itself continues from its
+def cached_evaluation(policy: str, backend: str, out: Path, episodes: int, steps: int, seed: int, model: str | None,
+                      action_horizon: int | None = None) -> dict | None:
+    """The earlier result in ``out`` when it matches: the same checkpoint path and weights (results from
+    before 2026-12-07 name the path only), episodes, steps, seeds, loss rule, pixel scorer, action
+    horizon (None: the checkpoint's own, which evaluations from before the option used) and, in the
+    world model, the same weights; else None. (`iws evaluate` itself continues from its
     episodes.jsonl, which stays out of git; evaluation.json is what a report's directory keeps.)"""
-    from iws_policy.evaluate import LOST_FRAMES, evaluate, model_weights, policy_weights
+    from iws_policy.evaluate import LOST_FRAMES, model_weights, policy_weights
     from iws_reference_robot.scoring import scorer_identity
 
     cached = out / "evaluation.json"
-    if cached.is_file():
-        result = json.loads(cached.read_text())
-        own = checkpoint_action_horizon(policy)
-        same_horizon = (result.get("action_horizon") or own) == (action_horizon or own)
-        same_world = backend != "world_model" or result.get("model_weights") == model_weights(model)
-        same_weights = "policy_weights" not in result or result["policy_weights"] == policy_weights(policy)
-        if same_horizon and same_world and same_weights and (result.get("policy"), result.get("episodes"), result.get("steps"), result.get("seed"),
-                             result.get("lost_frames_rule"), result.get("scorer")) == (policy, episodes, steps, seed, LOST_FRAMES,
-                                                                                      scorer_identity()):
-            return result
+    if not cached.is_file():
+        return None
+    result = json.loads(cached.read_text())
+    own = checkpoint_action_horizon(policy)
+    same_horizon = (result.get("action_horizon") or own) == (action_horizon or own)
+    same_world = backend != "world_model" or result.get("model_weights") == model_weights(model)
+    same_weights = "policy_weights" not in result or result["policy_weights"] == policy_weights(policy)
+    same_run = (result.get("policy"), result.get("episodes"), result.get("steps"), result.get("seed"),
+                result.get("lost_frames_rule"), result.get("scorer")) == (policy, episodes, steps, seed, LOST_FRAMES,
+                                                                         scorer_identity())
+    return result if same_horizon and same_world and same_weights and same_run else None
+
+
+def evaluation(policy: str, backend: str, out: Path, episodes: int, steps: int, seed: int, model: str | None,
+               action_horizon: int | None = None) -> dict:
+    """`iws evaluate` into ``out``, or its earlier result when it matches (`cached_evaluation`)."""
+    from iws_policy.evaluate import evaluate
+
+    cached = cached_evaluation(policy, backend, out, episodes, steps, seed, model, action_horizon)
+    if cached is not None:
+        return cached
     return evaluate(policy, backend, episodes, steps, seed, model=model, videos=2, out=out, progress=True,
                     action_horizon=action_horizon)
+
+
+def run_side_by_side(planned: list[tuple[str, str, Path]], jobs: int, episodes: int, steps: int, seed: int,
+                     model: str | None, action_horizon: int | None) -> None:
+    """The planned (policy, backend, out) evaluations not yet on disk, ``jobs`` at a time, each an `iws
+    evaluate` process of its own (its log in OUT/evaluate.log). In lockstep the policy's process and the
+    backend's wait for each other, so on two cores two evaluations run at nearly full speed each
+    (docs/benchmarks.md). The report is then made from their evaluation.json as from a rerun's."""
+    import subprocess
+
+    from iws_policy.evaluate import EvaluationError
+
+    todo = [(p, b, o) for p, b, o in planned
+            if cached_evaluation(p, b, o, episodes, steps, seed, model, action_horizon) is None]
+    running: list[tuple[subprocess.Popen, Path, object]] = []
+
+    def finish(proc, out, log) -> None:
+        log.close()
+        if proc.returncode != 0:
+            raise EvaluationError(f"iws evaluate into {out} failed with {proc.returncode}; see {out / 'evaluate.log'}")
+        print(f"iws experiment: {out} done", file=sys.stderr)
+
+    try:
+        for policy, backend, out in todo:
+            while len(running) >= jobs:
+                for entry in list(running):
+                    if entry[0].poll() is not None:
+                        running.remove(entry)
+                        finish(*entry)
+                time.sleep(0.5)
+            out.mkdir(parents=True, exist_ok=True)
+            command = [sys.executable, "-m", "iws_policy.evaluate", "--policy", policy, "--backend", backend,
+                       "--episodes", str(episodes), "--steps", str(steps), "--seed", str(seed), "--videos", "2",
+                       "--out", str(out), "--json"]
+            command += ["--model", model] if model and backend == "world_model" else []
+            command += ["--action-horizon", str(action_horizon)] if action_horizon else []
+            log = open(out / "evaluate.log", "w")
+            print(f"iws experiment: evaluating {policy} on {backend} into {out}", file=sys.stderr)
+            running.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), out, log))
+        while running:
+            entry = running.pop(0)
+            entry[0].wait()
+            finish(*entry)
+    finally:  # interrupted or failed: stop the others (SIGTERM unwinds them and their backends)
+        for proc, out, log in running:
+            proc.terminate()
+        for proc, out, log in running:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
 
 
 def mean_best_coverage(result: dict) -> float:
@@ -155,10 +218,13 @@ def _train_info(checkpoint: str) -> dict:
 
 
 def datamix(policies: dict[str, str], wm_fraction: dict[str, float], out: Path, episodes: int, steps: int,
-            seed: int, action_horizon: int | None = None) -> dict:
+            seed: int, action_horizon: int | None = None, jobs: int = 1) -> dict:
     from iws_reference_robot.scoring import PIXEL_SUCCESS_THRESHOLD
 
     out.mkdir(parents=True, exist_ok=True)
+    if jobs > 1:
+        run_side_by_side([(c, "reference", out / f"reference_{n}") for n, c in policies.items()], jobs,
+                         episodes, steps, seed, None, action_horizon)
     rows = []
     for name, checkpoint in policies.items():
         r = evaluation(checkpoint, "reference", out / f"reference_{name}", episodes, steps, seed, None, action_horizon)
@@ -212,10 +278,13 @@ def datamix(policies: dict[str, str], wm_fraction: dict[str, float], out: Path, 
 
 
 def correlation(policies: dict[str, str], out: Path, episodes: int, steps: int, seed: int, model: str | None,
-                action_horizon: int | None = None) -> dict:
+                action_horizon: int | None = None, jobs: int = 1) -> dict:
     """Both backends per policy; the report is rewritten after each policy, so a run cut short
     still reports the policies it finished."""
     out.mkdir(parents=True, exist_ok=True)
+    if jobs > 1:
+        run_side_by_side([(c, b, out / f"{b}_{n}") for n, c in policies.items() for b in ("reference", "world_model")],
+                         jobs, episodes, steps, seed, model, action_horizon)
     rows, result = [], {}
     for name, checkpoint in policies.items():
         real = evaluation(checkpoint, "reference", out / f"reference_{name}", episodes, steps, seed, None, action_horizon)
@@ -325,7 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="correlation: world model checkpoint (default: the shipped models/push_t)")
     parser.add_argument("--action-horizon", type=int, help="commands executed per predicted chunk (default: each checkpoint's)")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="evaluations run side by side, each an `iws evaluate` process (2 suits a 2-core machine: "
+                             "in lockstep each waits for its backend half the time)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     from iws_policy.evaluate import EvaluationError, stop_on_sigterm
     from iws_world_model.checkpoint import CheckpointError
     stop_on_sigterm()  # finished evaluations are on disk; a rerun resumes
@@ -334,9 +408,11 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         if args.which == "datamix":
             fractions = {k: float(v) for k, v in parse_named(args.wm_fraction, "--wm-fraction").items()}
-            result = datamix(policies, fractions, args.out, args.episodes, args.steps, args.seed, args.action_horizon)
+            result = datamix(policies, fractions, args.out, args.episodes, args.steps, args.seed, args.action_horizon,
+                             jobs=args.jobs)
         else:
-            result = correlation(policies, args.out, args.episodes, args.steps, args.seed, args.model, args.action_horizon)
+            result = correlation(policies, args.out, args.episodes, args.steps, args.seed, args.model, args.action_horizon,
+                                 jobs=args.jobs)
     except (ValueError, EvaluationError, CheckpointError) as exc:
         print(f"iws experiment: {exc}", file=sys.stderr)
         return 2
