@@ -113,7 +113,7 @@ def run_side_by_side(planned: list[tuple[str, str, Path]], jobs: int, episodes: 
             out.mkdir(parents=True, exist_ok=True)
             command = [sys.executable, "-m", "iws_policy.evaluate", "--policy", policy, "--backend", backend,
                        "--episodes", str(episodes), "--steps", str(steps), "--seed", str(seed), "--videos", "2",
-                       "--out", str(out), "--json"]
+                       "--out", str(out)]  # with its progress bar in the log
             command += ["--model", model] if model and backend == "world_model" else []
             command += ["--action-horizon", str(action_horizon)] if action_horizon else []
             log = open(out / "evaluate.log", "w")
