@@ -5,7 +5,10 @@ On the reference robot an untouched T does not move, so most frame-to-frame chan
 pose are zero; inside the world model the T jitters (see `iws eval rest`). A policy trained on
 world-model demos learns the expert's answers to that jitter. For each file (from `iws policy train
 --image-encoder pose --save-demos FILE.npz`) this reports the T's step between consecutive frames
-(mm and degrees, where both frames found it), the arm's step and the command's offset from the arm:
+(mm and degrees, where both frames found it), the arm's step and the command's offset from the arm,
+each joint's span, and how each joint answers a command: the least-squares gains of its next step on
+the command's offset from it and on its last step (the reference arm's servo: about 0.6 and 0.16;
+a backend whose arm answers otherwise teaches a policy other commands):
 
     python3 tools/demo_pose_stats.py data/pose_real100.npz data/pose_wm100.npz
 
@@ -50,7 +53,27 @@ def stats(path: str) -> dict:
                        "share_over_10deg": float((turns > 10).mean())},
         "arm_step_rad": float(np.abs(joints[now] - joints[before]).mean()),
         "command_offset_rad": float(np.abs(demos.actions - joints).mean()),
+        "joint_span_rad": [float(x) for x in joints.max(0) - joints.min(0)],
+        "arm_response": arm_response(demos),
     }
+
+
+def arm_response(demos: DemoSet) -> list[dict]:
+    """Per joint: next step ~ gain_command * (command - joint) + gain_last_step * last step + c."""
+    joints, actions = demos.joints.astype(np.float64), demos.actions.astype(np.float64)
+    episode, t = frame_index(demos.lengths).T
+    frames = demos.starts[episode] + t
+    now = frames[(t > 0) & (t < demos.lengths[episode] - 1)]  # a last step before and a next step after
+    rows = []
+    for j in range(joints.shape[1]):
+        step = joints[now + 1, j] - joints[now, j]
+        x = np.stack([actions[now, j] - joints[now, j], joints[now, j] - joints[now - 1, j], np.ones(len(now))], 1)
+        coef, *_ = np.linalg.lstsq(x, step, rcond=None)
+        residual = step - x @ coef
+        r2 = 1 - residual.var() / step.var() if step.var() > 0 else float("nan")
+        rows.append({"gain_command": float(coef[0]), "gain_last_step": float(coef[1]), "r2": float(r2),
+                     "residual_rad": float(residual.std())})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

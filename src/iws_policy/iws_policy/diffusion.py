@@ -39,6 +39,9 @@ from torch import nn
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+# A joint whose demonstrations span less than this (rad, about 3 deg) carries nothing a policy should
+# act on, only what a backend adds to it: it is read at the middle of its range (condition()).
+STILL_JOINT_SPAN = 0.05
 
 
 class PolicyCheckpointError(ValueError):
@@ -310,6 +313,7 @@ class DiffusionPolicy(nn.Module):
         self.unet = ConditionalUnet1D(config.joints, cond_dim, config.unet_dims, config.step_embed_dim, config.kernel_size)
         for name in ("joint_low", "joint_high", "action_low", "action_high"):
             self.register_buffer(name, torch.tensor(getattr(config, name), dtype=torch.float32), persistent=False)
+        self.register_buffer("still_joints", self.joint_high - self.joint_low < STILL_JOINT_SPAN, persistent=False)
         self._train_scheduler = self._inference_scheduler = None
 
     # -- normalisation ---------------------------------------------------------------------
@@ -322,10 +326,17 @@ class DiffusionPolicy(nn.Module):
         return (x + 1.0) / 2.0 * torch.clamp(high - low, min=1e-6) + low
 
     def condition(self, images: torch.Tensor, joints: torch.Tensor) -> torch.Tensor:
-        """images uint8 (B, To, H, W, 3) (or a LatentEncoder's latents), joints (B, To, J) -> (B, To * (F + J))."""
+        """images uint8 (B, To, H, W, 3) (or a LatentEncoder's latents), joints (B, To, J) -> (B, To * (F + J)).
+
+        A joint the demonstrations moved less than ``STILL_JOINT_SPAN`` is read at the middle of its
+        range, and any other is clamped to its range. Scaled by its own range, a still joint's
+        jitter is the whole scale: the reference arm's wrist spans 0.002 rad under the expert, the
+        world model puts it 0.01 rad off, and every real-demo policy read -10 there in 99 % of its
+        frames (docs/results/policy_pose/README.md, "The wrist")."""
         b, to = images.shape[:2]
         features = self.encoder(images.reshape(b * to, *images.shape[2:])).reshape(b, to, -1)
-        joints = self._scale(joints, self.joint_low, self.joint_high)
+        joints = self._scale(joints, self.joint_low, self.joint_high).clamp(-1.0, 1.0)
+        joints = joints.masked_fill(self.still_joints, 0.0)
         return torch.cat([features, joints], dim=-1).flatten(1)
 
     # -- schedulers (diffusers) ------------------------------------------------------------
@@ -436,6 +447,14 @@ class PolicyRunner:
         self.images: list[np.ndarray] = []
         self.joints: list[np.ndarray] = []
         self.plan: list[np.ndarray] = []
+        self.frames = 0
+        self.frames_outside = np.zeros(self.config.joints, dtype=np.int64)  # per joint: read outside its trained range
+
+    def outside_training_range(self, joint_positions: np.ndarray) -> np.ndarray:
+        """Per joint: whether this reading lies outside the range the policy was trained on (it is
+        clamped, or for a joint the demonstrations held still, ignored)."""
+        low, high = np.asarray(self.config.joint_low), np.asarray(self.config.joint_high)
+        return (joint_positions < low) | (joint_positions > high)
 
     def _resize(self, image: np.ndarray) -> np.ndarray:
         size = self.config.image_size
@@ -448,6 +467,8 @@ class PolicyRunner:
     def act(self, image: np.ndarray, joint_positions: np.ndarray) -> np.ndarray:
         self.images.append(self._resize(image))
         self.joints.append(np.asarray(joint_positions, dtype=np.float32))
+        self.frames += 1
+        self.frames_outside += self.outside_training_range(self.joints[-1])
         to = self.config.obs_horizon
         self.images, self.joints = self.images[-to:], self.joints[-to:]
         if not self.plan:

@@ -71,6 +71,16 @@ def best_score_before_loss(scores: list[float], found: list[bool], lost_frames: 
 
 
 PROGRESS_FILE = "episodes.jsonl"
+# How a learnt policy reads joint positions (DiffusionPolicy.condition: clamped to the trained range,
+# a joint the demonstrations held still read at its middle); evaluations from before 2026-12-07 fed
+# them as they came and carry no such key.
+JOINT_INPUTS = "clamped to the trained range"
+
+
+def mean_outside_range(rows: list[dict]) -> list[float] | None:
+    """Per joint, the share of frames a learnt policy read it outside its trained range (None: a scripted policy)."""
+    shares = [r["joints_outside_range"] for r in rows if "joints_outside_range" in r]
+    return [round(float(x), 4) for x in np.mean(shares, axis=0)] if shares else None
 
 
 def load_progress(path: Path, identity: dict) -> list[dict]:
@@ -249,7 +259,8 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
     scorer = PixelScorer(profile)
     identity = {"policy": policy, "policy_weights": policy_weights(policy), "backend": backend, "robot": robot,
                 "model_weights": weights, "steps": steps, "seed": seed, "action_horizon": horizon,
-                "scorer": scorer.identity, "lost_frames_rule": LOST_FRAMES}  # the rows' verdicts depend on both
+                "scorer": scorer.identity, "lost_frames_rule": LOST_FRAMES,  # the rows' verdicts depend on both
+                "joint_inputs": JOINT_INPUTS}
     progress_path = out / PROGRESS_FILE
     done = load_progress(progress_path, identity)
     with open(progress_path, "w") as f:  # rewritten: drops another evaluation's file and a cut-off last line
@@ -301,6 +312,8 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
                    "success": best >= scorer.threshold,
                    "pixel_scores": [round(float(x), 4) for x in scores],  # per frame: other verdict rules can be replayed
                    "pixel_fits": [round(float(x), 3) for x in fits]}  # how T-like the object is drawn (1: exactly)
+            if getattr(runner, "frames", 0):  # a learnt policy: how often each joint read outside its trained range
+                row["joints_outside_range"] = [round(float(n) / runner.frames, 4) for n in runner.frames_outside]
             if truth:
                 row.update(truth_best_score=float(max(truth)), truth_success=bool(max(truth) >= scorer.task_threshold),
                            truth_scores=[round(float(x), 4) for x in truth])
@@ -322,6 +335,7 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
               "episodes": len(rows), "steps": steps, "seed": seed, "action_horizon": horizon,
               "success_rate": successes / max(len(rows), 1),
               "ci95": [low, high], "lost_frames_rule": LOST_FRAMES, "scorer": scorer.identity,
+              "joint_inputs": JOINT_INPUTS, "joints_outside_range": mean_outside_range(rows),
               "object_lost_rate": sum(r["object_lost_at"] is not None for r in rows) / max(len(rows), 1),
               "success_rate_ignoring_loss": sum(r["pixel_best_score_any_frame"] >= scorer.threshold for r in rows) / max(len(rows), 1),
               "seconds": earlier_seconds + time.perf_counter() - started, "resumed_episodes": resumed,

@@ -99,10 +99,24 @@ def make_policy_node(profile, checkpoint: str, seed: int = 0, context=None, acti
             if self.joint_positions is None:
                 return
             command = self.runner.act(image_to_numpy(msg), self.joint_positions)
+            self.warn_outside_training_range()
             if command is not None:
                 self.pub_command.publish(Float64MultiArray(data=[float(v) for v in command]))
                 self.commands_sent += 1
             self.pub_acted.publish(Header(stamp=msg.header.stamp, frame_id="acted" if command is not None else "held"))
+
+        def warn_outside_training_range(self):
+            """Say so (every 10 s at most) when a joint reads outside the range the policy was trained
+            on: it is clamped to the range's end, and the policy is then acting off its data."""
+            if not hasattr(self.runner, "outside_training_range"):
+                return  # a scripted policy
+            config = self.runner.config
+            outside = [f"{profile.joints.names[k]} at {self.joint_positions[k]:.4f} rad (trained on "
+                       f"{config.joint_low[k]:.4f}..{config.joint_high[k]:.4f})"
+                       for k in np.nonzero(self.runner.outside_training_range(self.joint_positions))[0]]
+            if outside:
+                self.get_logger().warn("outside the policy's training range, read as the range's end: "
+                                       + "; ".join(outside), throttle_duration_sec=10.0)
 
     return PolicyNode()
 

@@ -35,10 +35,16 @@ from pathlib import Path
 import numpy as np
 
 from iws_common.stopping import StopRequested, StopSignals
-from iws_policy.diffusion import PolicyConfig, save_policy
+from iws_policy.diffusion import CONFIG_FILE, PolicyConfig, save_policy
 from iws_world_model.train import lr_factor
 
 STATE_FILE = "train_state.pt"
+
+
+def with_margin(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A range widened by 2 % on each side, so that the data's extremes are not the scale's ends."""
+    pad = 0.02 * (high - low + 1e-3)
+    return low - pad, high + pad
 
 
 def demo_episodes(dataset, successful_only: bool = False) -> list:
@@ -253,6 +259,7 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
     from tqdm import tqdm
 
     torch.manual_seed(seed)
+    out = Path(out)
     device = training_device(device)
     config = config or PolicyConfig()
     encoder_weights = None
@@ -269,9 +276,12 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
         demos = DemoSet(sources, config, seed, successful_only)
     config.joints = demos.joints.shape[1]
     config.joint_names, config.control_rate_hz = list(demos.joint_names), demos.control_rate_hz
-    margin = lambda lo, hi: (lo - 0.02 * (hi - lo + 1e-3), hi + 0.02 * (hi - lo + 1e-3))
-    config.joint_low, config.joint_high = (v.tolist() for v in margin(demos.joints.min(0), demos.joints.max(0)))
-    config.action_low, config.action_high = (v.tolist() for v in margin(*demos.target_range(config)))
+    config.joint_low, config.joint_high = (v.tolist() for v in with_margin(demos.joints.min(0), demos.joints.max(0)))
+    config.action_low, config.action_high = (v.tolist() for v in with_margin(*demos.target_range(config)))
+    if resume and (out / STATE_FILE).is_file() and (out / CONFIG_FILE).is_file():
+        earlier = json.loads((out / CONFIG_FILE).read_text())["policy"]
+        for key in ("joint_low", "joint_high", "action_low", "action_high"):
+            setattr(config, key, earlier[key])  # the scales the weights were trained with, not today's rule's
 
     from iws_policy.diffusion import DiffusionPolicy
     policy = DiffusionPolicy(config)
