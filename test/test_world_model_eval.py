@@ -46,7 +46,8 @@ def test_openloop_writes_report_with_baselines_and_video(tiny_world_model, datas
         assert set(result["per_episode"]) == PER_STEP, name
         assert all(len(v) == len(protocol["episodes"]) for v in result["per_episode"].values()), name
         assert set(result["summary"]) == PER_STEP | {"psnr_last_step", "t_yaw_error_deg_median", "t_at_rest_rate",
-                                                     "t_yaw_error_deg_at_rest", "t_yaw_error_deg_moved"}
+                                                     "t_yaw_error_deg_at_rest", "t_yaw_error_deg_moved", "arm_response"}
+        assert len(result["summary"]["arm_response"]) == len(Dataset(dataset_dir).joint_names), name
     # copy-last is the last context frame: where the real T has not moved since, it is within REST_DEG
     copy_summary = report["models"]["copy_last"]["summary"]
     assert 0 < copy_summary["t_at_rest_rate"] <= 1 and copy_summary["t_yaw_error_deg_at_rest"] < evaluate.REST_DEG
@@ -57,8 +58,21 @@ def test_openloop_writes_report_with_baselines_and_video(tiny_world_model, datas
     assert copy["psnr"][0] > copy["psnr"][-1]  # the world moves away from the last context frame
     assert copy["ssim"][0] > copy["ssim"][-1]
     assert len(report["real"]["t_found_rate"]) == horizon and report["real"]["t_found_rate"][0] == 1.0
+    # the reference arm's position servo: a joint covers about 0.6 of its command's offset in a step
+    shoulder, elbow = report["real"]["arm_response"][:2]
+    assert 0.3 < shoulder["gain_command"] < 0.9 and 0.3 < elbow["gain_command"] < 0.9, report["real"]["arm_response"]
     assert report["video_panels"] == ["real", "world_model", "copy_last", "mse_baseline"]
     assert len(report["videos"]) == 1 and Path(report["videos"][0]).stat().st_size > 0
+
+
+def test_arm_response_recovers_a_servos_gains():
+    rng = np.random.default_rng(0)
+    offset, last_step = rng.normal(0, 0.05, (500, 2)), rng.normal(0, 0.02, (500, 2))
+    step = 0.6 * offset + 0.16 * last_step + rng.normal(0, 1e-4, (500, 2))
+    step[:, 1] = offset[:, 1]  # a drive that reaches every command
+    servo, snappy = metrics.arm_response(step, offset, last_step)
+    assert servo["gain_command"] == pytest.approx(0.6, abs=0.01) and servo["gain_last_step"] == pytest.approx(0.16, abs=0.01)
+    assert servo["r2"] > 0.99 and snappy["gain_command"] == pytest.approx(1.0) and abs(snappy["gain_last_step"]) < 1e-6
 
 
 def test_autoencoder_reference_scores_each_real_frame_reconstructed(tiny_world_model, dataset_dir, tmp_path):

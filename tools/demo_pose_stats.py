@@ -24,6 +24,7 @@ import numpy as np
 
 from iws_policy.diffusion import POSE_SCALE_M  # PoseEncoder's features: offset / POSE_SCALE_M, cos, sin, found
 from iws_policy.train import POSE_ENCODER, DemoSet, frame_index
+from iws_world_model import metrics
 
 
 def load_pose_demos(path: str) -> DemoSet:
@@ -59,21 +60,12 @@ def stats(path: str) -> dict:
 
 
 def arm_response(demos: DemoSet) -> list[dict]:
-    """Per joint: next step ~ gain_command * (command - joint) + gain_last_step * last step + c."""
+    """Per joint, ``iws_world_model.metrics.arm_response`` over every frame with a step before and after."""
     joints, actions = demos.joints.astype(np.float64), demos.actions.astype(np.float64)
     episode, t = frame_index(demos.lengths).T
     frames = demos.starts[episode] + t
-    now = frames[(t > 0) & (t < demos.lengths[episode] - 1)]  # a last step before and a next step after
-    rows = []
-    for j in range(joints.shape[1]):
-        step = joints[now + 1, j] - joints[now, j]
-        x = np.stack([actions[now, j] - joints[now, j], joints[now, j] - joints[now - 1, j], np.ones(len(now))], 1)
-        coef, *_ = np.linalg.lstsq(x, step, rcond=None)
-        residual = step - x @ coef
-        r2 = 1 - residual.var() / step.var() if step.var() > 0 else float("nan")
-        rows.append({"gain_command": float(coef[0]), "gain_last_step": float(coef[1]), "r2": float(r2),
-                     "residual_rad": float(residual.std())})
-    return rows
+    now = frames[(t > 0) & (t < demos.lengths[episode] - 1)]
+    return metrics.arm_response(joints[now + 1] - joints[now], actions[now] - joints[now], joints[now] - joints[now - 1])
 
 
 def main(argv: list[str] | None = None) -> int:

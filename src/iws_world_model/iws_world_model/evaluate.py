@@ -309,6 +309,17 @@ def at_rest(real_poses: tuple, last_poses: tuple) -> np.ndarray:
         return real_found & last_found & (position < REST_MM) & (yaw < REST_DEG)
 
 
+def joint_response(joints: np.ndarray, data: OpenLoopData) -> list[dict]:
+    """``metrics.arm_response`` of predicted (or real) joints (N, H, J) to the replayed commands, the
+    context's last two frames before them."""
+    seq = np.concatenate([data.context_joints[:, -2:], joints], 1)
+    if data.context_joints.shape[1] < 2:  # a one-frame context: no step before the first
+        seq = np.concatenate([data.context_joints[:, -1:], seq], 1)
+    now, before = seq[:, 1:-1], seq[:, :-2]
+    step, offset, last = seq[:, 2:] - now, data.future_actions - now, now - before
+    return metrics.arm_response(step[data.valid], offset[data.valid], last[data.valid])
+
+
 def score_open_loop(pred_images: np.ndarray, pred_joints: np.ndarray, data: OpenLoopData,
                     real_poses: tuple | None = None, pred_poses: tuple | None = None, bar=None,
                     rest: np.ndarray | None = None) -> dict:
@@ -341,6 +352,7 @@ def score_open_loop(pred_images: np.ndarray, pred_joints: np.ndarray, data: Open
     per_episode = {k: metrics.masked_mean(v, m, axis=1) for k, (v, m) in frames.items()}
     summary = {k: float(metrics.masked_mean(v, np.ones_like(v, bool))) for k, v in per_step.items()}
     summary["psnr_last_step"] = float(per_step["psnr"][-1])
+    summary["arm_response"] = joint_response(pred_joints, data)  # against the real one in the report's "real"
     if "t_yaw_error_deg" in frames:  # the yaw error is heavy-tailed (a smeared T reads 90-180 deg off)
         yaw, counted = frames["t_yaw_error_deg"]
         judged = counted & np.isfinite(yaw)
@@ -488,7 +500,8 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
             "pose_metrics": pose_note or "T pose by iws_reference_robot.perception on frames upscaled to the camera "
                                          "size; errors over frames where the T is found in both"},
         "models": results,
-        "real": {"t_found_rate": metrics.masked_mean(poses["real"][0].astype(float), cut.valid) if "real" in poses else None},
+        "real": {"t_found_rate": metrics.masked_mean(poses["real"][0].astype(float), cut.valid) if "real" in poses else None,
+                 "arm_response": joint_response(cut.real_joints, cut)},
         "videos": video_paths, "video_panels": ["real"] + order,
         "seconds": round(time.time() - started, 1),
     }

@@ -87,6 +87,21 @@ def estimate_poses(estimator, images: np.ndarray, progress=None) -> tuple[np.nda
     return found, poses
 
 
+def arm_response(step: np.ndarray, offset: np.ndarray, last_step: np.ndarray) -> list[dict]:
+    """How each joint answers its command, from (M, J) samples: the least-squares gains of a joint's
+    step on the command's offset from it and on its step before (the reference arm's servo: about 0.6
+    and 0.16). A backend whose arm answers otherwise teaches a policy other commands."""
+    rows = []
+    for j in range(step.shape[1]):
+        x = np.stack([offset[:, j], last_step[:, j], np.ones(len(step))], 1)
+        coef, *_ = np.linalg.lstsq(x, step[:, j], rcond=None)
+        residual, variance = step[:, j] - x @ coef, step[:, j].var()
+        rows.append({"gain_command": float(coef[0]), "gain_last_step": float(coef[1]),
+                     "r2": float(1 - residual.var() / variance) if variance > 0 else float("nan"),
+                     "residual_rad": float(residual.std())})
+    return rows
+
+
 FLIP_DEG = 45.0  # a yaw error past this is a misread orientation (t_yaw_flip_rate), not a small rotation
 
 
