@@ -39,9 +39,6 @@ from torch import nn
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-# A joint whose demonstrations span less than this (rad, about 3 deg) carries nothing a policy should
-# act on, only what a backend adds to it: it is read at the middle of its range (condition()).
-STILL_JOINT_SPAN = 0.05
 
 
 class PolicyCheckpointError(ValueError):
@@ -83,6 +80,9 @@ class PolicyConfig:
     action_high: list = dataclasses.field(default_factory=lambda: [1.0] * 3)
     joint_names: list[str] = dataclasses.field(default_factory=list)
     control_rate_hz: float = 10.0
+    # Joints the policy never reads (the middle of their range stands in, in training and at run
+    # time): inputs a backend does not reproduce, such as the reference arm's wrist twist under contact.
+    masked_joints: list[str] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -313,8 +313,17 @@ class DiffusionPolicy(nn.Module):
         self.unet = ConditionalUnet1D(config.joints, cond_dim, config.unet_dims, config.step_embed_dim, config.kernel_size)
         for name in ("joint_low", "joint_high", "action_low", "action_high"):
             self.register_buffer(name, torch.tensor(getattr(config, name), dtype=torch.float32), persistent=False)
-        self.register_buffer("still_joints", self.joint_high - self.joint_low < STILL_JOINT_SPAN, persistent=False)
+        # Joints read at the middle of their range whatever they read (config.masked_joints, and at run
+        # time PolicyRunner's mask_joints: an ablation, `iws evaluate --mask-joint`).
+        self.register_buffer("masked_joints", self.joint_mask(config.masked_joints), persistent=False)
         self._train_scheduler = self._inference_scheduler = None
+
+    def joint_mask(self, names) -> torch.Tensor:
+        """Per joint, whether it is among ``names`` (a clear error for a name the policy lacks)."""
+        unknown = set(names) - set(self.config.joint_names)
+        if unknown:
+            raise ValueError(f"cannot mask {sorted(unknown)}: the policy's joints are {self.config.joint_names}")
+        return torch.tensor([n in names for n in self.config.joint_names] or [False] * self.config.joints)
 
     # -- normalisation ---------------------------------------------------------------------
     @staticmethod
@@ -328,15 +337,14 @@ class DiffusionPolicy(nn.Module):
     def condition(self, images: torch.Tensor, joints: torch.Tensor) -> torch.Tensor:
         """images uint8 (B, To, H, W, 3) (or a LatentEncoder's latents), joints (B, To, J) -> (B, To * (F + J)).
 
-        A joint the demonstrations moved less than ``STILL_JOINT_SPAN`` is read at the middle of its
-        range, and any other is clamped to its range. Scaled by its own range, a still joint's
-        jitter is the whole scale: the reference arm's wrist spans 0.002 rad under the expert, the
-        world model puts it 0.01 rad off, and every real-demo policy read -10 there in 99 % of its
-        frames (docs/results/policy_pose/README.md, "The wrist")."""
+        Joints are scaled by the demonstrations' range and not clamped: the reference arm's wrist
+        twists by a fraction of a milliradian under contact, beyond the expert's range in 94 % of a
+        policy's frames on the robot, and real-demo policies act on it (read at the middle of its
+        range, r64k won 1 of 30 on the robot instead of 12: docs/results/policy_pose/README.md,
+        "The wrist")."""
         b, to = images.shape[:2]
         features = self.encoder(images.reshape(b * to, *images.shape[2:])).reshape(b, to, -1)
-        joints = self._scale(joints, self.joint_low, self.joint_high).clamp(-1.0, 1.0)
-        joints = joints.masked_fill(self.still_joints, 0.0)
+        joints = self._scale(joints, self.joint_low, self.joint_high).masked_fill(self.masked_joints, 0.0)
         return torch.cat([features, joints], dim=-1).flatten(1)
 
     # -- schedulers (diffusers) ------------------------------------------------------------
@@ -428,15 +436,19 @@ class PolicyRunner:
     its first ``action_horizon`` commands, then re-plans (receding horizon).
 
     ``action_horizon`` is a run-time choice (Diffusion Policy's n_action_steps): None takes the
-    checkpoint's; fewer commands per plan re-plan more often from fresher images."""
+    checkpoint's; fewer commands per plan re-plan more often from fresher images. ``mask_joints``
+    names joints the policy reads at the middle of their trained range whatever they read: an
+    ablation that asks whether a policy acts on a joint."""
 
-    def __init__(self, policy: DiffusionPolicy, seed: int = 0, action_horizon: int | None = None):
+    def __init__(self, policy: DiffusionPolicy, seed: int = 0, action_horizon: int | None = None,
+                 mask_joints: tuple[str, ...] = ()):
         self.policy = policy
         self.config = policy.config
         self.action_horizon = self.config.action_horizon if action_horizon is None else int(action_horizon)
         if not 1 <= self.action_horizon <= self.config.pred_horizon:
             raise ValueError(f"action horizon {action_horizon} outside 1..{self.config.pred_horizon} "
                              "(the policy's predicted chunk)")
+        policy.masked_joints.copy_(policy.joint_mask({*self.config.masked_joints, *mask_joints}))
         self.generator = torch.Generator().manual_seed(seed)
         self.reset()
 
@@ -451,8 +463,7 @@ class PolicyRunner:
         self.frames_outside = np.zeros(self.config.joints, dtype=np.int64)  # per joint: read outside its trained range
 
     def outside_training_range(self, joint_positions: np.ndarray) -> np.ndarray:
-        """Per joint: whether this reading lies outside the range the policy was trained on (it is
-        clamped, or for a joint the demonstrations held still, ignored)."""
+        """Per joint: whether this reading lies outside the range the policy was trained on."""
         low, high = np.asarray(self.config.joint_low), np.asarray(self.config.joint_high)
         return (joint_positions < low) | (joint_positions > high)
 

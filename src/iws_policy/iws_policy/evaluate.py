@@ -71,10 +71,14 @@ def best_score_before_loss(scores: list[float], found: list[bool], lost_frames: 
 
 
 PROGRESS_FILE = "episodes.jsonl"
-# How a learnt policy reads joint positions (DiffusionPolicy.condition: clamped to the trained range,
-# a joint the demonstrations held still read at its middle); evaluations from before 2026-12-07 fed
-# them as they came and carry no such key.
-JOINT_INPUTS = "clamped to the trained range"
+# How a learnt policy read its joints, part of an evaluation's identity: as they came (results
+# without the key), or some read at the middle of their range (--mask-joint, an ablation). Runs of
+# 2026-12-07 with every joint clamped and the wrist so read name "clamped to the trained range".
+AS_READ = "as read"
+
+
+def joint_inputs(mask_joints: tuple[str, ...] = ()) -> str:
+    return AS_READ if not mask_joints else "read at the middle of the trained range: " + ", ".join(sorted(mask_joints))
 
 
 def mean_outside_range(rows: list[dict]) -> list[float] | None:
@@ -238,7 +242,7 @@ class BackendSession:
 
 def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: int = 10_000, robot: str = "reference_arm",
              model: str | None = None, videos: int = 0, out: Path | None = None, progress: bool = True,
-             threads: int = 1, action_horizon: int | None = None) -> dict:
+             threads: int = 1, action_horizon: int | None = None, mask_joints: tuple[str, ...] = ()) -> dict:
     import torch
     from tqdm import tqdm
 
@@ -251,7 +255,8 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
     from iws_common.profile import load_profile
     profile = load_profile(robot)
     # A bad checkpoint or horizon fails here, before a backend starts.
-    horizon = getattr(make_runner(policy, profile, action_horizon=action_horizon), "action_horizon", None)
+    horizon = getattr(make_runner(policy, profile, action_horizon=action_horizon, mask_joints=mask_joints),
+                      "action_horizon", None)
     # Digest before the run: the weights this evaluation judges by (and a missing model fails now).
     weights = model_weights(model) if backend == "world_model" else None
     out = Path(out or tempfile.mkdtemp(prefix="iws_evaluate_"))
@@ -260,7 +265,7 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
     identity = {"policy": policy, "policy_weights": policy_weights(policy), "backend": backend, "robot": robot,
                 "model_weights": weights, "steps": steps, "seed": seed, "action_horizon": horizon,
                 "scorer": scorer.identity, "lost_frames_rule": LOST_FRAMES,  # the rows' verdicts depend on both
-                "joint_inputs": JOINT_INPUTS}
+                "joint_inputs": joint_inputs(mask_joints)}
     progress_path = out / PROGRESS_FILE
     done = load_progress(progress_path, identity)
     with open(progress_path, "w") as f:  # rewritten: drops another evaluation's file and a cut-off last line
@@ -284,7 +289,7 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
                       dynamic_ncols=True, initial=resumed, total=episodes):
             episode_started = time.perf_counter()
             episode_seed = seed + k
-            runner = make_runner(policy, profile, seed=episode_seed, action_horizon=action_horizon)
+            runner = make_runner(policy, profile, seed=episode_seed, action_horizon=action_horizon, mask_joints=mask_joints)
             window = start_window(scene, episode_seed, window_frames) if scene is not None else None
             stamp = session.reset(episode_seed, window)
             frames, scores, found, fits, truth = [], [], [], [], []
@@ -335,7 +340,7 @@ def evaluate(policy: str, backend: str, episodes: int, steps: int = 200, seed: i
               "episodes": len(rows), "steps": steps, "seed": seed, "action_horizon": horizon,
               "success_rate": successes / max(len(rows), 1),
               "ci95": [low, high], "lost_frames_rule": LOST_FRAMES, "scorer": scorer.identity,
-              "joint_inputs": JOINT_INPUTS, "joints_outside_range": mean_outside_range(rows),
+              "joint_inputs": identity["joint_inputs"], "joints_outside_range": mean_outside_range(rows),
               "object_lost_rate": sum(r["object_lost_at"] is not None for r in rows) / max(len(rows), 1),
               "success_rate_ignoring_loss": sum(r["pixel_best_score_any_frame"] >= scorer.threshold for r in rows) / max(len(rows), 1),
               "seconds": earlier_seconds + time.perf_counter() - started, "resumed_episodes": resumed,
@@ -376,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--robot", default="reference_arm")
     parser.add_argument("--videos", type=int, default=0, help="MP4s of the first N episodes")
     parser.add_argument("--action-horizon", type=int, help="commands executed per predicted chunk (default: the checkpoint's)")
+    parser.add_argument("--mask-joint", action="append", default=[], metavar="NAME",
+                        help="read this joint at the middle of the policy's trained range, whatever it reads (an "
+                             "ablation: does the policy act on it?); repeatable")
     parser.add_argument("--out", type=Path, help="directory for evaluation.json, videos and logs; the same command continues a run "
                              "that stopped early there (episodes.jsonl)")
     parser.add_argument("--json", action="store_true")
@@ -387,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_sigterm()
     try:
         result = evaluate(args.policy, args.backend, args.episodes, args.steps, args.seed, args.robot, args.model,
-                          args.videos, args.out, progress=not args.json, action_horizon=args.action_horizon)
+                          args.videos, args.out, progress=not args.json, action_horizon=args.action_horizon,
+                          mask_joints=tuple(args.mask_joint))
     except (EvaluationError, PolicyCheckpointError, CheckpointError, ValueError) as exc:
         print(f"iws evaluate: {exc}", file=sys.stderr)
         return 1

@@ -53,7 +53,7 @@ def cached_evaluation(policy: str, backend: str, out: Path, episodes: int, steps
     horizon (None: the checkpoint's own, which evaluations from before the option used) and, in the
     world model, the same weights; else None. (`iws evaluate` itself continues from its
     episodes.jsonl, which stays out of git; evaluation.json is what a report's directory keeps.)"""
-    from iws_policy.evaluate import JOINT_INPUTS, LOST_FRAMES, model_weights, policy_weights
+    from iws_policy.evaluate import AS_READ, LOST_FRAMES, model_weights, policy_weights
     from iws_reference_robot.scoring import scorer_identity
 
     cached = out / "evaluation.json"
@@ -64,8 +64,7 @@ def cached_evaluation(policy: str, backend: str, out: Path, episodes: int, steps
     same_horizon = (result.get("action_horizon") or own) == (action_horizon or own)
     same_world = backend != "world_model" or result.get("model_weights") == model_weights(model)
     same_weights = "policy_weights" not in result or result["policy_weights"] == policy_weights(policy)
-    # A scripted policy reads no joint range; a learnt one's result must have run with today's clamp.
-    same_inputs = result.get("joint_inputs") == JOINT_INPUTS or policy_weights(policy) is None
+    same_inputs = result.get("joint_inputs", AS_READ) == AS_READ  # not an ablation's (--mask-joint)
     same_run = (result.get("policy"), result.get("episodes"), result.get("steps"), result.get("seed"),
                 result.get("lost_frames_rule"), result.get("scorer")) == (policy, episodes, steps, seed, LOST_FRAMES,
                                                                          scorer_identity())

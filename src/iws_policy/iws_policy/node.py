@@ -50,13 +50,16 @@ def parse_expert_spec(checkpoint: str) -> ExpertSpec | None:
     return ExpertSpec(**values)
 
 
-def make_runner(checkpoint: str, profile, seed: int = 0, action_horizon: int | None = None):
+def make_runner(checkpoint: str, profile, seed: int = 0, action_horizon: int | None = None,
+                mask_joints: tuple[str, ...] = ()):
     """``act(image, joints) -> command or None`` for a checkpoint directory, or an expert spec (the
     pixel expert, ``ExpertSpec``) (``action_horizon``: commands executed per predicted chunk, None
-    for the checkpoint's)."""
+    for the checkpoint's; ``mask_joints``: joints a learnt policy reads at the middle of its range)."""
     spec = parse_expert_spec(checkpoint)
     if spec is not None:
         from iws_reference_robot.pixel_expert import PushTExpertPolicy
+        if mask_joints:
+            raise ValueError("--mask-joint applies to a learnt policy, not the pixel expert")
         return PushTExpertPolicy(profile, seed=seed, command_noise=spec.noise, speed=spec.speed)
     from iws_policy.diffusion import PolicyRunner, load_policy
     policy = load_policy(checkpoint)
@@ -66,7 +69,7 @@ def make_runner(checkpoint: str, profile, seed: int = 0, action_horizon: int | N
     if policy.config.joint_names and list(policy.config.joint_names) != list(profile.joints.names):
         raise ValueError(f"policy {checkpoint} was trained on joints {policy.config.joint_names}, "
                          f"profile {profile.name} names {list(profile.joints.names)}")
-    return PolicyRunner(policy, seed=seed, action_horizon=action_horizon)
+    return PolicyRunner(policy, seed=seed, action_horizon=action_horizon, mask_joints=tuple(mask_joints))
 
 
 def make_policy_node(profile, checkpoint: str, seed: int = 0, context=None, action_horizon: int | None = None):
@@ -99,24 +102,10 @@ def make_policy_node(profile, checkpoint: str, seed: int = 0, context=None, acti
             if self.joint_positions is None:
                 return
             command = self.runner.act(image_to_numpy(msg), self.joint_positions)
-            self.warn_outside_training_range()
             if command is not None:
                 self.pub_command.publish(Float64MultiArray(data=[float(v) for v in command]))
                 self.commands_sent += 1
             self.pub_acted.publish(Header(stamp=msg.header.stamp, frame_id="acted" if command is not None else "held"))
-
-        def warn_outside_training_range(self):
-            """Say so (every 10 s at most) when a joint reads outside the range the policy was trained
-            on: it is clamped to the range's end, and the policy is then acting off its data."""
-            if not hasattr(self.runner, "outside_training_range"):
-                return  # a scripted policy
-            config = self.runner.config
-            outside = [f"{profile.joints.names[k]} at {self.joint_positions[k]:.4f} rad (trained on "
-                       f"{config.joint_low[k]:.4f}..{config.joint_high[k]:.4f})"
-                       for k in np.nonzero(self.runner.outside_training_range(self.joint_positions))[0]]
-            if outside:
-                self.get_logger().warn("outside the policy's training range, read as the range's end: "
-                                       + "; ".join(outside), throttle_duration_sec=10.0)
 
     return PolicyNode()
 

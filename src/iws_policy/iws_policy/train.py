@@ -253,7 +253,8 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
           seed: int = 0, save_every: int = 500, resume: bool = False, config: PolicyConfig | None = None,
           progress: bool = True, snapshot_every: int = 0, shift: int = 4, ema: float = 0.999,
           image_encoder: str | Path | None = None, successful_only: bool = False, device: str = "auto",
-          demos_file: str | Path | None = None, save_demos: str | Path | None = None) -> dict:
+          demos_file: str | Path | None = None, save_demos: str | Path | None = None,
+          mask_joints: tuple[str, ...] = ()) -> dict:
     """Train a policy on ``sources`` ((dataset, episodes) pairs), or on ``demos_file`` (``--save-demos``)."""
     import torch
     from tqdm import tqdm
@@ -276,10 +277,14 @@ def train(sources: list[tuple[str, int]], out: Path, steps: int = 2000, batch: i
         demos = DemoSet(sources, config, seed, successful_only)
     config.joints = demos.joints.shape[1]
     config.joint_names, config.control_rate_hz = list(demos.joint_names), demos.control_rate_hz
+    config.masked_joints = sorted(mask_joints)
     config.joint_low, config.joint_high = (v.tolist() for v in with_margin(demos.joints.min(0), demos.joints.max(0)))
     config.action_low, config.action_high = (v.tolist() for v in with_margin(*demos.target_range(config)))
     if resume and (out / STATE_FILE).is_file() and (out / CONFIG_FILE).is_file():
         earlier = json.loads((out / CONFIG_FILE).read_text())["policy"]
+        if earlier.get("masked_joints", []) != config.masked_joints:
+            raise ValueError(f"--resume: {out} was trained masking {earlier.get('masked_joints', [])}, not "
+                             f"{config.masked_joints}: pass the same --mask-joint")
         for key in ("joint_low", "joint_high", "action_low", "action_high"):
             setattr(config, key, earlier[key])  # the scales the weights were trained with, not today's rule's
 
@@ -401,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto (a CUDA GPU if there is one), cpu, cuda or cuda:N")
     parser.add_argument("--save-demos", type=Path, metavar="FILE.npz",
                         help="also write the gathered (encoded) demonstrations here, to train again from them with --data")
+    parser.add_argument("--mask-joint", action="append", default=[], metavar="NAME",
+                        help="never read this joint (the middle of its range stands in): for an input a backend does "
+                             "not reproduce, such as the reference arm's wrist twist under contact; repeatable")
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
     if args.save_demos is not None and args.save_demos.suffix != ".npz":
@@ -433,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                        args.seed, args.save_every, args.resume, snapshot_every=args.snapshot_every,
                        shift=args.shift, ema=args.ema, image_encoder=args.image_encoder,
                        successful_only=args.successful_only, device=args.device,
-                       demos_file=demos_file, save_demos=args.save_demos)
+                       demos_file=demos_file, save_demos=args.save_demos, mask_joints=tuple(args.mask_joint))
     except (DatasetError, ValueError) as exc:
         print(f"iws policy train: error: {exc}", file=sys.stderr)
         return 1
