@@ -337,11 +337,10 @@ class DiffusionPolicy(nn.Module):
     def condition(self, images: torch.Tensor, joints: torch.Tensor) -> torch.Tensor:
         """images uint8 (B, To, H, W, 3) (or a LatentEncoder's latents), joints (B, To, J) -> (B, To * (F + J)).
 
-        Joints are scaled by the demonstrations' range and not clamped: the reference arm's wrist
-        twists by a fraction of a milliradian under contact, beyond the expert's range in 94 % of a
-        policy's frames on the robot, and real-demo policies act on it (read at the middle of its
-        range, r64k won 1 of 30 on the robot instead of 12: docs/results/policy_pose/README.md,
-        "The wrist")."""
+        Joints are scaled by the demonstrations' range and not clamped. The reference arm's wrist,
+        never commanded, twists by a fraction of a milliradian when the pusher meets the T, and
+        real-demo policies act on that: read at the middle of its range instead, r64k won 1 of 30
+        on the robot, not 12 (docs/results/policy_pose/README.md, "The wrist")."""
         b, to = images.shape[:2]
         features = self.encoder(images.reshape(b * to, *images.shape[2:])).reshape(b, to, -1)
         joints = self._scale(joints, self.joint_low, self.joint_high).masked_fill(self.masked_joints, 0.0)
