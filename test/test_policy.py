@@ -149,8 +149,8 @@ def test_relative_chunks_are_offsets_from_the_newest_joints_and_old_checkpoints_
 
 
 def test_masked_joints_read_the_middle_of_their_range_and_readings_outside_it_are_counted():
-    """Joints are scaled, not clamped (the robot's wrist twists past the demos' range under contact,
-    and real-demo policies act on it); ``mask_joints`` reads one at its middle whatever it reads."""
+    """Joints are scaled, not clamped (contact twists the robot's wrist, and real-demo policies act
+    on it); ``mask_joints`` reads one at its middle whatever it reads."""
     config = PolicyConfig(joint_names=list(PROFILE.joints.names), joint_low=[-2.0, 0.0, -0.001],
                           joint_high=[0.5, 2.5, 0.001])
     policy = DiffusionPolicy(config).eval()
