@@ -448,6 +448,7 @@ class PolicyRunner:
             raise ValueError(f"action horizon {action_horizon} outside 1..{self.config.pred_horizon} "
                              "(the policy's predicted chunk)")
         policy.masked_joints.copy_(policy.joint_mask({*self.config.masked_joints, *mask_joints}))
+        self.joint_low, self.joint_high = np.asarray(self.config.joint_low), np.asarray(self.config.joint_high)
         self.generator = torch.Generator().manual_seed(seed)
         self.reset()
 
@@ -463,8 +464,7 @@ class PolicyRunner:
 
     def outside_training_range(self, joint_positions: np.ndarray) -> np.ndarray:
         """Per joint: whether this reading lies outside the range the policy was trained on."""
-        low, high = np.asarray(self.config.joint_low), np.asarray(self.config.joint_high)
-        return (joint_positions < low) | (joint_positions > high)
+        return (joint_positions < self.joint_low) | (joint_positions > self.joint_high)
 
     def _resize(self, image: np.ndarray) -> np.ndarray:
         size = self.config.image_size

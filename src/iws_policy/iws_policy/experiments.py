@@ -50,8 +50,9 @@ def cached_evaluation(policy: str, backend: str, out: Path, episodes: int, steps
                       action_horizon: int | None = None) -> dict | None:
     """The earlier result in ``out`` when it matches: the same checkpoint path and weights (results from
     before 2026-12-07 name the path only), episodes, steps, seeds, loss rule, pixel scorer, action
-    horizon (None: the checkpoint's own, which evaluations from before the option used) and, in the
-    world model, the same weights; else None. (`iws evaluate` itself continues from its
+    horizon (None: the checkpoint's own, which evaluations from before the option used), joints read
+    as they come (not an ablation's `--mask-joint` run) and, in the world model, the same weights;
+    else None. (`iws evaluate` itself continues from its
     episodes.jsonl, which stays out of git; evaluation.json is what a report's directory keeps.)"""
     from iws_policy.evaluate import AS_READ, LOST_FRAMES, model_weights, policy_weights
     from iws_reference_robot.scoring import scorer_identity
