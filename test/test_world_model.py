@@ -369,7 +369,7 @@ def test_stage4_is_stage2_again_on_deeper_chains(tmp_path, dataset_dir, run_dir,
     meta = json.loads((both / checkpoint.CONFIG).read_text())["training"]
     assert meta["completed"] == [1, 3, 2, 4]
     assert all(meta["stages"][k]["steps"] == 4 and meta["stages"][k]["batch_size"] == 4 for k in ("2", "4"))
-    for bad in ("4,2", "2,2", "5", "two"):
+    for bad in ("4,2", "2,2", "6", "two"):
         with pytest.raises(SystemExit):
             train.main(["--config", str(with_stage4), "--out", str(both), "--stage", bad, "--data", str(dataset_dir)])
 
@@ -776,6 +776,64 @@ def test_warm_start_of_every_stage_for_a_new_task(tmp_path, dataset_dir, run_dir
     assert meta["completed"] == [1, 2, 3] and meta["warm_start"]["from"] == str(run_dir)
     assert all(meta["stages"][k]["steps"] == 5 for k in ("1", "2", "3"))
     assert meta["stages"]["1"]["loss_first"] < 0.5 * fresh["loss_first"], (meta["stages"]["1"], fresh)
+
+
+def joint_rollout_error(world: WorldModel, dataset_dir: Path, steps: int = 12) -> float:
+    """Mean absolute joint error of an open-loop rollout of the validation episode's commands."""
+    ep = Dataset(dataset_dir).episode(len(Dataset(dataset_dir).episodes) - 1)
+    k = world.config.window
+    world.reset(ep["images"][:k], ep["joint_positions"][:k], ep["actions"][:k], seed=0)
+    predicted = np.stack([world.step(a)[1] for a in ep["actions"][k - 1:k - 1 + steps]])
+    return float(np.abs(predicted - ep["joint_positions"][k:k + steps]).mean())
+
+
+def test_servo_joint_head_learns_the_drive_alone_over_a_trained_model(tmp_path, dataset_dir, run_dir):
+    """Stage 5 trains a servo joint head alone over a trained model (--init-weights): everything
+    else stays as it was, the head learns the synthetic arm's drive (70 % of the command's lead per
+    step, no momentum), and an open loop's joints, read as steps from the last ones, follow the real
+    arm more closely than the absolute head's."""
+    text = TINY.read_text().replace("joint_head_action: true", "joint_head_action: true\n  joint_head_servo: true")
+    config = tmp_path / "tiny_servo.yaml"
+    config.write_text(text + "  stage5: {steps: 300, lr: 1.0e-2, batch_size: 32, warmup: 10}\n")
+    out = tmp_path / "servo"
+    assert train.main(["--config", str(config), "--data", str(dataset_dir), "--out", str(out), "--stage", "5",
+                       "--init-weights", str(run_dir), "--device", "cpu"]) == 0
+    servo, absolute = WorldModel.load(out), WorldModel.load(run_dir)
+    for name in ("encoder", "decoder", "dynamics"):
+        for a, b in zip(getattr(servo.network, name).state_dict().values(), getattr(absolute.network, name).state_dict().values()):
+            assert torch.equal(a, b), f"stage 5 must leave the {name} as it was"
+    meta = json.loads((out / checkpoint.CONFIG).read_text())
+    assert len(meta["normalization"]["joint_step_std"]) == 2 and meta["training"]["stages"]["5"]["steps"] == 300
+    # The drive's gain: a command 0.05 further leads the next joints 0.035 further.
+    latent = servo.encode(Dataset(dataset_dir).episode(0)["images"][:1])
+    joints, command = torch.tensor([[0.5, 0.5]]), torch.tensor([[0.6, 0.4]])
+    def next_joints(lead):
+        c = command + lead
+        with torch.no_grad():
+            return servo.joints_from_latent(latent, servo.normalize_actions(c.numpy()), (c, command, joints, joints))
+    gain = (next_joints(0.05) - next_joints(0.0)) / 0.05
+    assert torch.allclose(gain, torch.tensor(0.7), atol=0.1), gain
+    servo_error, absolute_error = joint_rollout_error(servo, dataset_dir), joint_rollout_error(absolute, dataset_dir)
+    assert servo_error < 0.5 * absolute_error, (servo_error, absolute_error)
+    with pytest.raises(ValueError, match="servo_state"):
+        servo.reconstruct(Dataset(dataset_dir).episode(0)["images"][:2], Dataset(dataset_dir).episode(0)["actions"][:2])
+    # A servo checkpoint without the joints' step scale is refused by name.
+    broken = tmp_path / "no_step_scale"
+    shutil.copytree(out, broken)
+    meta["normalization"].pop("joint_step_std")
+    (broken / checkpoint.CONFIG).write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="joint_step_std"):
+        WorldModel.load(broken)
+
+
+def test_servo_joint_head_trains_in_stage2_from_scratch(tmp_path, dataset_dir):
+    world = train_tiny_variant(tmp_path, dataset_dir, "servo2", "joint_head_action: true",
+                               "joint_head_action: true\n  joint_head_servo: true", 5)
+    assert world.servo and len(rollout(world, dataset_dir, seed=0)) == 4
+    with pytest.raises(ConfigError, match="joint_head_servo"):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(TINY.read_text().replace("joint_head_action: true", "joint_head_servo: true"))
+        load_config(bad)
 
 
 def test_a_checkpoint_from_before_a_config_key_trains_on(tmp_path, dataset_dir, run_dir):

@@ -95,6 +95,29 @@ def test_autoencoder_reference_scores_each_real_frame_reconstructed(tiny_world_m
     np.testing.assert_array_equal(again, images[:horizon])  # seeded: the same frames again
 
 
+def test_a_servo_joint_head_reads_the_real_joints_before_each_reconstructed_frame(tiny_world_model, dataset_dir, tmp_path):
+    """The autoencoder row of a model whose joint head predicts steps (joint_head_servo): frame h's
+    joints are the real joints of frame h - 1 plus the step read with the real joints and commands
+    before it; the open loop and one-step rows run too."""
+    from iws_world_model import train
+    repo = Path(__file__).resolve().parents[1]
+    config = tmp_path / "tiny_servo.yaml"
+    config.write_text(f"base: {repo / 'config/models/tiny.yaml'}\nmodel:\n  joint_head_servo: true\n"
+                      "train:\n  stage5: {steps: 20, lr: 1.0e-3, batch_size: 8, warmup: 2}\n")
+    servo_dir = tmp_path / "servo"
+    assert train.main(["--config", str(config), "--data", str(dataset_dir), "--out", str(servo_dir), "--stage", "5",
+                       "--init-weights", str(tiny_world_model), "--threads", "2"]) == 0
+    report = evaluate.openloop(servo_dir, dataset_dir, episodes=2, horizon=6, out=tmp_path / "eval", videos=0,
+                               autoencoder=True, one_step=True, progress=False)
+    assert {"autoencoder", "one_step", "world_model"} <= set(report["models"])
+    world = WorldModel.load(servo_dir)
+    cut = evaluate.load_open_loop_data(Dataset(dataset_dir), world.config.window, 6, 2, world.image_size)
+    state = (cut.future_actions[:, 0], cut.context_actions[:, -2], cut.context_joints[:, -1], cut.context_joints[:, -2])
+    _, joints = world.reconstruct(cut.real_images[:, 0], cut.future_actions[:, 0], seed=0, servo_state=state)
+    first = metrics.joint_error(joints[:, None], cut.real_joints[:, :1]).mean()
+    assert report["models"]["autoencoder"]["per_step"]["joint_mae_rad"][0] == pytest.approx(first, abs=1e-5)
+
+
 def test_one_step_row_predicts_each_frame_from_the_real_frames_before_it(tiny_world_model, dataset_dir, tmp_path):
     world = WorldModel.load(tiny_world_model)
     cut = evaluate.load_open_loop_data(Dataset(dataset_dir), world.config.window, 6, 2, world.image_size)

@@ -75,7 +75,8 @@ def read_meta(directory: str | Path) -> dict:
         if key not in meta:
             raise CheckpointError(f"{path}: missing key {key!r}")
     joint_dim = meta["joint_dim"]
-    for key in NORMALIZATION_KEYS:
+    # joint_step_std: only in checkpoints since the servo joint head (which refuses to load without it)
+    for key in NORMALIZATION_KEYS + tuple(k for k in ("joint_step_std",) if k in meta["normalization"]):
         values = meta["normalization"].get(key)
         if not isinstance(values, list) or len(values) != joint_dim:
             raise CheckpointError(f"{path}: normalization.{key} must be a list of {joint_dim} numbers, got {values!r}")

@@ -43,6 +43,7 @@ class ModelConfig:
     joint_head_channels: int = 32
     joint_head_hidden: int = 128
     joint_head_action: bool = False         # the joint head also reads the command that produced the frame
+    joint_head_servo: bool = False          # the joint head predicts the step from the last joints, as the arm's drive moves (needs joint_head_action)
     timesteps: int = 1000
     streaming: bool = True                  # key/value cache; False recomputes the window every step (paper)
 
@@ -85,6 +86,10 @@ class ModelConfig:
             bad("dynamics_skip", f"must be 'none', 'last' or 'gated', got {self.dynamics_skip!r}")
         if self.dynamics_objective == "mse" and self.dynamics_steps != 1:
             bad("dynamics_steps", "the deterministic (mse) dynamics predicts in one call; dynamics_steps must be 1")
+        if self.joint_head_servo and not self.joint_head_action:
+            bad("joint_head_servo", "the servo joint head reads the command that produced the frame: set joint_head_action")
+        if self.joint_head_servo and self.window < 2:
+            bad("joint_head_servo", "the servo joint head learns from the two frames before each: window must be >= 2")
         if self.timesteps != 1000:
             bad("timesteps", "only the T=1000 schedule of the method is supported")
         if not 1 <= self.history_noise_max < self.timesteps:
@@ -116,6 +121,9 @@ class TrainConfig:
     # first and chains last buy more in the same time than either alone (docs/architecture.md,
     # self-forcing). 0 steps: no stage 4.
     stage4: StageConfig = dataclasses.field(default_factory=lambda: StageConfig(steps=0, lr=1e-4))
+    # the joint head alone over a trained model (everything else frozen): a new joint head for a
+    # model whose dynamics is already trained. 0 steps: no stage 5 in --stage all.
+    stage5: StageConfig = dataclasses.field(default_factory=lambda: StageConfig(steps=0, lr=1e-3))
     weight_decay: float = 1e-4
     grad_clip: float = 1.0
     terminal_fraction: float = 0.5   # stage 1: share of the batch trained on the inference jumps
@@ -152,7 +160,7 @@ class TrainConfig:
     num_workers: int = 0
 
     def validate(self, where: str = "train") -> None:
-        for name in ("stage1", "stage2", "stage3", "stage4"):
+        for name in ("stage1", "stage2", "stage3", "stage4", "stage5"):
             stage = getattr(self, name)
             for key in ("steps", "batch_size"):
                 if not isinstance(getattr(stage, key), int) or getattr(stage, key) < (0 if key == "steps" else 1):

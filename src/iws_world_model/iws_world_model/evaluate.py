@@ -201,8 +201,15 @@ def autoencoded(world: WorldModel, data: OpenLoopData, seed: int) -> tuple[np.nd
     """The autoencoder reference: every real frame reconstructed (no dynamics), its joints read from
     its own latent. Not a baseline but a ceiling: the error it shows is not the dynamics'."""
     n, horizon = data.valid.shape
+    servo_state = None
+    if world.servo:  # a servo joint head reads the real joints and commands before each frame
+        k = data.context_joints.shape[1]
+        joints = np.concatenate([data.context_joints, data.real_joints], 1)
+        previous_commands = np.concatenate([data.context_actions[:, -2:-1], data.future_actions[:, :-1]], 1)
+        servo_state = [x.reshape(n * horizon, -1) for x in (data.future_actions, previous_commands,
+                                                             joints[:, k - 1:k - 1 + horizon], joints[:, k - 2:k - 2 + horizon])]
     images, joints = world.reconstruct(data.real_images.reshape(n * horizon, *data.real_images.shape[2:]),
-                                       data.future_actions.reshape(n * horizon, -1), seed)
+                                       data.future_actions.reshape(n * horizon, -1), seed, servo_state=servo_state)
     return images.reshape(data.real_images.shape), joints.reshape(n, horizon, -1)
 
 

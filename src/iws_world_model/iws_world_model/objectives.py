@@ -6,6 +6,7 @@
   3  decoder fine-tuned on slightly noisy latents, on the inference jumps only (optionally, for part
      of the batch, on the dynamics' own predicted latents)
 (stage 4 trains stage 2's objective again with its own, deeper self-forcing: TrainConfig.for_stage)
+  5  the joint head alone, everything else frozen (a new joint head for a trained model)
 """
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from torch import nn
 
 from .config import ModelConfig, TrainConfig
 from .consistency import Schedule, consistency_loss, intermediate_levels, noise_like, sample_jump_times, sample_uniform_times
-from .networks import LatentCritic, WorldModelNetwork, normalize_latent
+from .networks import LatentCritic, WorldModelNetwork, normalize_latent, servo_features
 from .world_model import images_to_tensor, next_latent_estimate
 
-TRAINED = {1: ("encoder", "decoder"), 2: ("dynamics", "joint_head"), 3: ("decoder",)}
+TRAINED = {1: ("encoder", "decoder"), 2: ("dynamics", "joint_head"), 3: ("decoder",), 5: ("joint_head",)}
 
 
 class StageObjective(nn.Module):
@@ -26,8 +27,11 @@ class StageObjective(nn.Module):
         super().__init__()
         self.network, self.stage, self.train_cfg = network, stage, train
         self.schedule = Schedule(network.config.timesteps)
-        for key in ("action_low", "action_high", "joint_mean", "joint_std"):
-            self.register_buffer(key, torch.tensor(normalization[key], dtype=torch.float32), persistent=False)
+        for key in ("action_low", "action_high", "joint_mean", "joint_std", "joint_step_std"):
+            if key in normalization:  # joint_step_std: only a servo joint head needs it (and only newer data has it)
+                self.register_buffer(key, torch.tensor(normalization[key], dtype=torch.float32), persistent=False)
+        if network.config.joint_head_servo and "joint_step_std" not in normalization:
+            raise ValueError("a servo joint head needs normalization.joint_step_std (train.normalization_from)")
         for name in ("encoder", "decoder", "dynamics", "joint_head"):
             getattr(network, name).requires_grad_(name in TRAINED[stage])
         # The dynamics' adversarial term: a critic of its own, trained in step with it (one hinge step
@@ -52,7 +56,8 @@ class StageObjective(nn.Module):
         return [p for name in TRAINED[self.stage] for p in getattr(self.network, name).parameters()]
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
-        return {1: self.autoencoder_loss, 2: self.dynamics_loss, 3: self.decoder_finetune_loss}[self.stage](batch)
+        return {1: self.autoencoder_loss, 2: self.dynamics_loss, 3: self.decoder_finetune_loss,
+                5: self.joint_head_loss}[self.stage](batch)
 
     def _actions(self, batch) -> torch.Tensor:
         """The batch's commands mapped to [-1, 1] by the dataset's action range."""
@@ -106,15 +111,35 @@ class StageObjective(nn.Module):
         t, s = sample_jump_times(image.shape[0], (1, 2, 3), self.schedule.timesteps, image.device)
         return {"loss": self._decoder_loss(image, latent, t, s)}
 
+    def _latents(self, batch) -> torch.Tensor:
+        if "latents" in batch:  # encoded once before the stage (the encoder is frozen here)
+            return batch["latents"].float()
+        image = self._images(batch)                               # (B, F, 3, S, S)
+        with torch.no_grad():
+            return self.network.encoder(image.flatten(0, 1)).reshape(*image.shape[:2], *self._latent_shape())
+
+    def _joint_loss(self, latents, actions, commands, joints) -> torch.Tensor:
+        """The joint head on every frame of the windows (a servo head: on every frame with two
+        before it, from the real joints before it). ``actions`` normalised, ``commands`` and ``joints``
+        as recorded; the loss is in units of the joint's spread (a servo head: of its typical step)."""
+        noisy = normalize_latent(latents + self.train_cfg.joint_latent_noise * torch.randn_like(latents))
+        if not self.network.config.joint_head_servo:
+            target = (joints - self.joint_mean) / self.joint_std
+            return F.mse_loss(self.network.joint_head(noisy.flatten(0, 1), actions.flatten(0, 1)), target.flatten(0, 1))
+        servo = servo_features(commands[:, 2:], commands[:, 1:-1], joints[:, 1:-1], joints[:, :-2], self.joint_step_std)
+        target = (joints[:, 2:] - joints[:, 1:-1]) / self.joint_step_std
+        step = self.network.joint_head(noisy[:, 2:].flatten(0, 1), actions[:, 2:].flatten(0, 1), servo.flatten(0, 1))
+        return F.mse_loss(step, target.flatten(0, 1))
+
+    def joint_head_loss(self, batch) -> dict[str, torch.Tensor]:
+        joint = self._joint_loss(self._latents(batch), self._actions(batch), batch["actions"].float(), batch["joints"].float())
+        return {"loss": joint, "joint": joint.detach()}
+
     def dynamics_loss(self, batch) -> dict[str, torch.Tensor]:
         cfg = self.network.config
-        if "latents" in batch:  # encoded once before the stage (the encoder is frozen here)
-            latents = batch["latents"].float()
-        else:
-            image = self._images(batch)                               # (B, F, 3, S, S)
-            with torch.no_grad():
-                latents = self.network.encoder(image.flatten(0, 1)).reshape(*image.shape[:2], *self._latent_shape())
+        latents = self._latents(batch)
         actions = self._actions(batch)
+        commands = batch["actions"].float()
         joints = batch["joints"].float()
         if cfg.dynamics_objective == "consistency":  # windows longer than K + 1 only feed the self-forced chain
             history = self._self_forced(latents[:, :-1], actions)
@@ -125,7 +150,7 @@ class StageObjective(nn.Module):
         # A noised base would have the network reproduce that noise through attention to cancel it.
         base = history[:, -1]
         # The trained step: K history frames and the target, whatever the window length.
-        latents, actions, joints = (x[:, -cfg.window - 1:] for x in (latents, actions, joints))
+        latents, actions, commands, joints = (x[:, -cfg.window - 1:] for x in (latents, actions, commands, joints))
         target = latents[:, -1]
         b, f = latents.shape[:2]
         top = self.schedule.timesteps - 1
@@ -175,9 +200,7 @@ class StageObjective(nn.Module):
         if self.train_cfg.dynamics_pixel_weight > 0:
             terms["pixels"] = self._decoded_error(normalize_latent(prediction), batch)
             dynamics = dynamics + self.train_cfg.dynamics_pixel_weight * terms["pixels"]
-        joints = (joints - self.joint_mean) / self.joint_std
-        noisy = normalize_latent(latents + self.train_cfg.joint_latent_noise * torch.randn_like(latents))
-        joint = F.mse_loss(self.network.joint_head(noisy.flatten(0, 1), actions.flatten(0, 1)), joints.flatten(0, 1))
+        joint = self._joint_loss(latents, actions, commands, joints)
         # "dynamics" stays the one-jump error (comparable across runs); "loss" trains every jump.
         one_jump = t[:, -1] == top
         return {"loss": dynamics + self.train_cfg.joint_loss_weight * joint,
@@ -300,11 +323,14 @@ class StageObjective(nn.Module):
         """Frames per window of the objective ``stage`` trains. 2: K history frames and the target,
         or more when the self-forced chain is deeper than the history (it needs one real frame to
         start from). 3 on predicted latents: K real frames and the deepest chain of own predictions
-        ending on the target. Otherwise the frame alone."""
+        ending on the target. 5 with a servo joint head: the frame and the two before it. Otherwise
+        the frame alone."""
         if stage == 2:
             return max(model.window, cls.chain_depth(model, train) + 1) + 1
         if stage == 3 and train.stage3_predicted_fraction > 0:
             return model.window + train.stage3_chain_frames
+        if stage == 5 and model.joint_head_servo:
+            return 3  # the frame and the two before it
         return 1
 
     def _latent_shape(self):

@@ -85,14 +85,17 @@ def lr_factor(warmup: int, steps: int, final: float):
 
 
 def normalization_from(dataset: Dataset) -> dict:
-    """Action range (for [-1, 1]) and joint mean/std over the training episodes."""
-    frames = np.concatenate([np.arange(e.start, e.stop) for e in dataset.split("train")])
+    """Action range (for [-1, 1]), joint mean/std and the joints' typical step (the std of one
+    frame's change, a servo joint head's unit) over the training episodes."""
+    train = dataset.split("train")
+    frames = np.concatenate([np.arange(e.start, e.stop) for e in train])
     actions, joints = np.asarray(dataset.actions[frames]), np.asarray(dataset.joint_positions[frames])
     low, high = actions.min(0), actions.max(0)
     pad = np.maximum(1e-3 - (high - low), 0) / 2  # a constant joint still gets a finite range
+    steps = np.concatenate([np.diff(np.asarray(dataset.joint_positions[e.start:e.stop]), axis=0) for e in train])
     return {"action_low": (low - pad).tolist(), "action_high": (high + pad).tolist(),
             "joint_mean": joints.mean(0).tolist(), "joint_std": np.maximum(joints.std(0), 1e-3).tolist(),
-            "joint_names": dataset.joint_names}
+            "joint_step_std": np.maximum(steps.std(0), 1e-4).tolist(), "joint_names": dataset.joint_names}
 
 
 def dataset_info(dataset: Dataset) -> dict:
@@ -226,9 +229,18 @@ class Trainer:
         if dataclasses.asdict(network.config) != dataclasses.asdict(self.model_cfg):
             raise checkpoint.CheckpointError(f"{directory / checkpoint.CONFIG}: model differs from the --config model")
         self.network.load_state_dict(network.state_dict())
-        self.normalization = meta["normalization"]
+        self.normalization = self._normalization_of(meta)
         self.stats = meta.get("training", {}).get("stages", {})
         self.completed = list(meta.get("training", {}).get("completed", []))
+
+    def _normalization_of(self, meta: dict) -> dict:
+        """A checkpoint's normalisation, kept as it is (its weights were trained with it), plus the
+        joints' typical step from this dataset where a servo joint head needs it and the checkpoint
+        predates it."""
+        normalization = dict(meta["normalization"])
+        if self.model_cfg.joint_head_servo and "joint_step_std" not in normalization:
+            normalization["joint_step_std"] = normalization_from(self.dataset)["joint_step_std"]
+        return normalization
 
     def load_autoencoder(self, directory: Path, everything: bool = False) -> None:
         """Encoder and decoder from another checkpoint, everything else fresh: a baseline dynamics
@@ -252,7 +264,7 @@ class Trainer:
             if self.rank == 0:
                 print(f"iws train: {len(shared)}/{len(own)} tensors from {directory}; fresh: {', '.join(fresh) or 'none'}",
                       file=sys.stderr)
-        self.normalization = meta["normalization"]
+        self.normalization = self._normalization_of(meta)
         training = meta.get("training", {})
         # The decoder's stage-3 fine-tune (if it had one) comes along with it.
         self.completed = [1] + ([3] if 3 in training.get("completed", []) else [])
@@ -311,7 +323,7 @@ class Trainer:
         # Windows of several frames are the dynamics' (stage 2, or stage 3 on its predictions): latents.
         latents = self.dataset_latents() if length > 1 and cfg.cache_latents else None
         data = WindowData(self.dataset, length, "train", latents, object_cells,
-                          last_image=trains == 3 or cfg.dynamics_pixel_weight > 0)
+                          last_image=trains == 3 or (trains == 2 and cfg.dynamics_pixel_weight > 0))
         if len(data) == 0:
             raise DatasetError(f"{self.dataset.root}: no training window of {length} frames for stage {stage}")
         if goal_factor is not None and self.rank == 0:
@@ -433,10 +445,10 @@ def training_device(name: str | None) -> torch.device:
 def all_stages(train_cfg: TrainConfig) -> list[int]:
     """What --stage all runs: 1, 2, 3, then 4 where the config gives it steps; a stage 3 that
     decodes the dynamics' own predictions (stage3_predicted_fraction) runs after stage 4, over the
-    dynamics it will render."""
-    if train_cfg.stage4.steps == 0:
-        return [1, 2, 3]
-    return [1, 2, 4, 3] if train_cfg.stage3_predicted_fraction > 0 else [1, 2, 3, 4]
+    dynamics it will render; 5 (the joint head alone) last where the config gives it steps."""
+    plan = [1, 2, 3] if train_cfg.stage4.steps == 0 else \
+        [1, 2, 4, 3] if train_cfg.stage3_predicted_fraction > 0 else [1, 2, 3, 4]
+    return plan + [5] if train_cfg.stage5.steps > 0 else plan
 
 
 def stage_plan(text: str):
@@ -447,8 +459,8 @@ def stage_plan(text: str):
         plan = [int(part) for part in text.split(",")]
     except ValueError:
         plan = []
-    if not plan or any(stage not in (1, 2, 3, 4) for stage in plan) or plan != sorted(set(plan)):
-        raise argparse.ArgumentTypeError(f"expected all, or stages 1-4 in order like 2 or 2,4; got {text!r}")
+    if not plan or any(stage not in (1, 2, 3, 4, 5) for stage in plan) or plan != sorted(set(plan)):
+        raise argparse.ArgumentTypeError(f"expected all, or stages 1-5 in order like 2 or 2,4; got {text!r}")
     return plan
 
 
@@ -460,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage", default="all", type=stage_plan,
                    help="all: 1, 2, 3, then 4 where the config gives it steps (4: the dynamics again on deep "
                         "self-forcing chains; 3 after 4 where stage 3 decodes the dynamics' predictions); one "
-                        "stage, or several in order, e.g. 2,4 (the dynamics stages over an --init-autoencoder)")
+                        "stage, or several in order, e.g. 2,4 (the dynamics stages over an --init-autoencoder); "
+                        "5: the joint head alone (e.g. a servo joint head for a trained model, --init-weights)")
     p.add_argument("--steps", type=int, default=None, help="override the steps of each selected stage")
     p.add_argument("--batch-size", type=int, default=None,
                    help="override the batch size of each selected stage (a GPU takes far more than the CPU's 16)")

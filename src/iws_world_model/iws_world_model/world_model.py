@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from . import checkpoint
 from .config import ModelConfig
 from .consistency import EPS_CLAMP, Schedule, decode_times, sample
-from .networks import WorldModelNetwork, normalize_latent
+from .networks import WorldModelNetwork, normalize_latent, servo_features
 
 
 def images_to_tensor(images: np.ndarray | torch.Tensor, size: int, device) -> torch.Tensor:
@@ -89,6 +89,13 @@ class WorldModel:
         f = lambda key: torch.tensor(normalization[key], dtype=torch.float32, device=self.device)
         self.action_low, self.action_high = f("action_low"), f("action_high")
         self.joint_mean, self.joint_std = f("joint_mean"), f("joint_std")
+        self.servo = self.config.joint_head_servo
+        if self.servo and "joint_step_std" not in normalization:
+            raise checkpoint.CheckpointError("this model's servo joint head needs normalization.joint_step_std")
+        self.joint_step_std = f("joint_step_std") if self.servo else None
+        # A servo joint head's state (N, J) each: the joints before the current ones and the
+        # command that produced the current frame (set by reset, advanced by step).
+        self._joints_before = self._producing_command = None
         self.joint_names = list(normalization.get("joint_names", []))
         self.decode_steps = decode_steps or self.config.decode_steps
         self.dynamics_steps = dynamics_steps or self.config.dynamics_steps
@@ -131,7 +138,7 @@ class WorldModel:
         """Random weights and unit normalisation: for timing and tests."""
         torch.manual_seed(seed)
         norm = {"action_low": [-1.0] * joint_dim, "action_high": [1.0] * joint_dim,
-                "joint_mean": [0.0] * joint_dim, "joint_std": [1.0] * joint_dim}
+                "joint_mean": [0.0] * joint_dim, "joint_std": [1.0] * joint_dim, "joint_step_std": [0.05] * joint_dim}
         return cls(WorldModelNetwork(cfg, joint_dim), norm, {}, device, **kwargs)
 
     @property
@@ -147,9 +154,18 @@ class WorldModel:
         a = torch.from_numpy(np.array(actions, dtype=np.float32)).to(self.device)  # a copy: inputs may be read-only mmaps
         return (2 * (a - self.action_low) / (self.action_high - self.action_low) - 1).clamp(-1, 1)
 
-    def joints_from_latent(self, latent: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        """``action``: the normalised command that produced the latent's frame."""
-        return self.network.joint_head(latent, action) * self.joint_std + self.joint_mean
+    def joints_from_latent(self, latent: torch.Tensor, action: torch.Tensor, servo_state=None) -> torch.Tensor:
+        """``action``: the normalised command that produced the latent's frame. A servo joint head
+        also needs ``servo_state``: (command that produced the frame, the one before it, the joints
+        of the frame before, the joints before those), each (N, J) as recorded; it answers with the
+        frame before's joints plus its predicted step."""
+        if not self.servo:
+            return self.network.joint_head(latent, action) * self.joint_std + self.joint_mean
+        if servo_state is None:
+            raise ValueError("a servo joint head reads the joints before the frame: pass servo_state")
+        command, previous_command, previous_joints, joints_before = servo_state
+        servo = servo_features(command, previous_command, previous_joints, joints_before, self.joint_step_std)
+        return previous_joints + self.network.joint_head(latent, action, servo) * self.joint_step_std
 
     # building blocks eval can reuse -----------------------------------------------------------
     @torch.inference_mode()
@@ -168,17 +184,24 @@ class WorldModel:
         return sample(lambda x, t, s: self.network.decoder(x, t, s, latent), noise, times, self.schedule)
 
     @torch.inference_mode()
-    def reconstruct(self, images, actions, seed: int = 0, chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    def reconstruct(self, images, actions, seed: int = 0, chunk: int = 256,
+                    servo_state=None) -> tuple[np.ndarray, np.ndarray]:
         """Real frames (N, S, S, 3) uint8 through encoder and decoder, and their joints read by the
         joint head with the (N, J) commands that produced them: what the model could show with perfect
-        dynamics (the autoencoder's ceiling in an evaluation). Reseeds the session's noise generator."""
+        dynamics (the autoencoder's ceiling in an evaluation). A servo joint head needs ``servo_state``
+        (see ``joints_from_latent``) of the real frames before each, four (N, J) arrays. Reseeds the
+        session's noise generator."""
         self._generator.manual_seed(seed)
         images, actions = np.asarray(images), np.asarray(actions, np.float32)
+        if self.servo and servo_state is None:
+            raise ValueError("a servo joint head reads the joints before each frame: pass servo_state")
         out_images, out_joints = [], []
         for i in range(0, len(images), chunk):
             latent = self.encode(images[i:i + chunk])
             out_images.append(tensor_to_images(self.decode(latent)))
-            out_joints.append(self.joints_from_latent(latent, self.normalize_actions(actions[i:i + chunk])).cpu().numpy())
+            state = None if servo_state is None else \
+                [torch.from_numpy(np.asarray(x[i:i + chunk], np.float32)).to(self.device) for x in servo_state]
+            out_joints.append(self.joints_from_latent(latent, self.normalize_actions(actions[i:i + chunk]), state).cpu().numpy())
         return np.concatenate(out_images), np.concatenate(out_joints)
 
     @property
@@ -261,6 +284,10 @@ class WorldModel:
         a = self.normalize_actions(actions)
         leading = torch.cat([a[:, :1], a[:, :-1]], 1)                     # frame i was produced by a[i-1]
         self.joint_positions = torch.from_numpy(joint_positions[:, -1].copy()).to(self.device)
+        # With one frame there is no step to read: the arm starts still, its command where it is.
+        before = -2 if k >= 2 else -1
+        self._joints_before = torch.from_numpy(joint_positions[:, before].copy()).to(self.device)
+        self._producing_command = torch.from_numpy((actions if k >= 2 else joint_positions)[:, before].copy()).to(self.device)
         self.latent = latents[:, -1]
         window = self.config.window
         if self.streaming:
@@ -285,7 +312,8 @@ class WorldModel:
         """Advance every world by one control step; returns (image uint8, joints float32)."""
         if self.latent is None:
             raise RuntimeError("call reset() before step()")
-        a = self.normalize_actions(self.limit_command(action))
+        command = self.limit_command(action)
+        a = self.normalize_actions(command)
         a = a if self._batched else a[None]
         n = a.shape[0]
         target = self._target_frame(n)
@@ -318,6 +346,9 @@ class WorldModel:
             else:
                 self._history[:, -1] = latent
         self.latent = latent
-        joints = self.joints_from_latent(latent, a).cpu().numpy()
+        command = torch.from_numpy(np.array(command, np.float32)).to(self.device).reshape(a.shape)
+        servo_state = (command, self._producing_command, self.joint_positions, self._joints_before)
+        joints = self.joints_from_latent(latent, a, servo_state if self.servo else None).cpu().numpy()
+        self._joints_before, self._producing_command = self.joint_positions, command
         self.joint_positions = torch.as_tensor(joints, device=self.device)
         return (image, joints) if self._batched else (image[0], joints[0])
