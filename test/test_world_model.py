@@ -359,7 +359,7 @@ def test_stage4_is_stage2_again_on_deeper_chains(tmp_path, dataset_dir, run_dir,
     assert all(torch.equal(four[k], before[k]) for k in four if k.startswith(("encoder.", "decoder.")))
     assert four.keys() == two.keys() and all(torch.equal(four[k], two[k]) for k in four)
     meta = json.loads((tmp_path / "s4" / checkpoint.CONFIG).read_text())["training"]
-    assert meta["completed"] == [1, 3, 4] and meta["stages"]["4"]["steps"] == 6
+    assert meta["completed"] == [1, 2, 3, 4] and meta["stages"]["4"]["steps"] == 6
 
     # The dynamics stages alone over another run's autoencoder, in one process, at another batch size.
     both = tmp_path / "s24"
@@ -804,6 +804,7 @@ def test_servo_joint_head_learns_the_drive_alone_over_a_trained_model(tmp_path, 
             assert torch.equal(a, b), f"stage 5 must leave the {name} as it was"
     meta = json.loads((out / checkpoint.CONFIG).read_text())
     assert len(meta["normalization"]["joint_step_std"]) == 2 and meta["training"]["stages"]["5"]["steps"] == 300
+    assert meta["training"]["completed"] == [1, 2, 3, 5]  # the dynamics came along trained, and stays recorded
     # The drive's gain: a command 0.05 further leads the next joints 0.035 further.
     latent = servo.encode(Dataset(dataset_dir).episode(0)["images"][:1])
     joints, command = torch.tensor([[0.5, 0.5]]), torch.tensor([[0.6, 0.4]])
@@ -869,7 +870,7 @@ def test_cached_latents_give_the_same_stage2_loss(run_dir, dataset_dir):
 
 
 # checkpoints -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("name, recipe", [("push_t", "push_t"), ("push_t_2h", "push_t"),
+@pytest.mark.parametrize("name, recipe", [("push_t", "push_t_servo"), ("push_t_2h", "push_t"),
                                           ("push_t_curriculum", "push_t_curriculum")])
 def test_shipped_push_t_models_load_match_their_recipe_and_step(name, recipe):
     """Each shipped push_t checkpoint (in git, so a bad commit of one would reach users) opens, is
@@ -879,7 +880,7 @@ def test_shipped_push_t_models_load_match_their_recipe_and_step(name, recipe):
     model_cfg, _ = load_config(ROOT / "config/models" / f"{recipe}.yaml")
     assert dataclasses.asdict(world.config) == dataclasses.asdict(model_cfg)
     meta = json.loads((ROOT / "models" / name / checkpoint.CONFIG).read_text())["training"]
-    assert sorted(meta["completed"]) == ([1, 2, 3, 4] if recipe == "push_t_curriculum" else [1, 2, 3])
+    assert sorted(meta["completed"]) == {"push_t_curriculum": [1, 2, 3, 4], "push_t_servo": [1, 2, 3, 5]}.get(recipe, [1, 2, 3])
     with np.load(ROOT / "models" / name / "start_windows.npz") as windows:
         images, joints, actions = windows["images"][0], windows["joint_positions"][0], windows["actions"][0]
     world.reset(images, joints, actions, seed=0)

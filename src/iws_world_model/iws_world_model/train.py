@@ -266,8 +266,11 @@ class Trainer:
                       file=sys.stderr)
         self.normalization = self._normalization_of(meta)
         training = meta.get("training", {})
-        # The decoder's stage-3 fine-tune (if it had one) comes along with it.
+        # The decoder's stage-3 fine-tune (if it had one) comes along with it; with ``everything``,
+        # every stage CKPT completed does (a stage the plan runs again is then recorded anew).
         self.completed = [1] + ([3] if 3 in training.get("completed", []) else [])
+        if everything:
+            self.completed = list(training.get("completed", [])) or self.completed
         self.stats = {str(s): {**training.get("stages", {}).get(str(s), {}), "from": str(directory)} for s in self.completed}
 
     def save(self, stage: int, step: int, optimizer, scheduler, objective) -> None:
