@@ -346,9 +346,11 @@ class WorldModel:
             else:
                 self._history[:, -1] = latent
         self.latent = latent
-        command = torch.from_numpy(np.array(command, np.float32)).to(self.device).reshape(a.shape)
-        servo_state = (command, self._producing_command, self.joint_positions, self._joints_before)
-        joints = self.joints_from_latent(latent, a, servo_state if self.servo else None).cpu().numpy()
-        self._joints_before, self._producing_command = self.joint_positions, command
+        servo_state = None
+        if self.servo:  # the joints' step reads the command in force and the joints before
+            command = torch.from_numpy(np.array(command, np.float32)).to(self.device).reshape(a.shape)
+            servo_state = (command, self._producing_command, self.joint_positions, self._joints_before)
+            self._joints_before, self._producing_command = self.joint_positions, command
+        joints = self.joints_from_latent(latent, a, servo_state).cpu().numpy()
         self.joint_positions = torch.as_tensor(joints, device=self.device)
         return (image, joints) if self._batched else (image[0], joints[0])
