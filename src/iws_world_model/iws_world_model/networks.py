@@ -365,20 +365,18 @@ class JointHead(nn.Module):
             return self.net(latent)
         if action is None:
             raise ValueError("this joint head reads the producing command: pass action")
-        if self.servo:
-            if servo is None:
-                raise ValueError("this joint head predicts a step from the last joints: pass servo features")
-            *features, activation = self.net
-            hidden = latent
-            for layer in features:
-                hidden = layer(hidden)
-            hidden = activation(hidden + self.action_in(action) + self.state_in(servo.flatten(-2)))
-            return (servo * self.servo_gains).sum(-1) + self.step_out(hidden)
-        *features, activation, output = self.net  # the command joins at the MLP's hidden layer
+        if self.servo and servo is None:
+            raise ValueError("this joint head predicts a step from the last joints: pass servo features")
+        # The command (and a servo head's features) join at the MLP's hidden layer, before its activation.
+        *features, activation = self.net if self.servo else self.net[:-1]
         hidden = latent
         for layer in features:
             hidden = layer(hidden)
-        return output(activation(hidden + self.action_in(action)))
+        hidden = hidden + self.action_in(action)
+        if not self.servo:
+            return self.net[-1](activation(hidden))
+        hidden = activation(hidden + self.state_in(servo.flatten(-2)))
+        return (servo * self.servo_gains).sum(-1) + self.step_out(hidden)
 
 
 class WorldModelNetwork(nn.Module):

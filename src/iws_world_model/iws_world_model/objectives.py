@@ -27,11 +27,12 @@ class StageObjective(nn.Module):
         super().__init__()
         self.network, self.stage, self.train_cfg = network, stage, train
         self.schedule = Schedule(network.config.timesteps)
-        for key in ("action_low", "action_high", "joint_mean", "joint_std", "joint_step_std"):
-            if key in normalization:  # joint_step_std: only a servo joint head needs it (and only newer data has it)
-                self.register_buffer(key, torch.tensor(normalization[key], dtype=torch.float32), persistent=False)
         if network.config.joint_head_servo and "joint_step_std" not in normalization:
             raise ValueError("a servo joint head needs normalization.joint_step_std (train.normalization_from)")
+        # joint_step_std: only a servo joint head reads it (and checkpoints from before it lack it)
+        for key in ("action_low", "action_high", "joint_mean", "joint_std") + \
+                (("joint_step_std",) if network.config.joint_head_servo else ()):
+            self.register_buffer(key, torch.tensor(normalization[key], dtype=torch.float32), persistent=False)
         for name in ("encoder", "decoder", "dynamics", "joint_head"):
             getattr(network, name).requires_grad_(name in TRAINED[stage])
         # The dynamics' adversarial term: a critic of its own, trained in step with it (one hinge step

@@ -284,10 +284,10 @@ class WorldModel:
         a = self.normalize_actions(actions)
         leading = torch.cat([a[:, :1], a[:, :-1]], 1)                     # frame i was produced by a[i-1]
         self.joint_positions = torch.from_numpy(joint_positions[:, -1].copy()).to(self.device)
-        # With one frame there is no step to read: the arm starts still, its command where it is.
-        before = -2 if k >= 2 else -1
-        self._joints_before = torch.from_numpy(joint_positions[:, before].copy()).to(self.device)
-        self._producing_command = torch.from_numpy((actions if k >= 2 else joint_positions)[:, before].copy()).to(self.device)
+        if self.servo:  # with one frame there is no step to read: the arm starts still, its command where it is
+            before = -2 if k >= 2 else -1
+            self._joints_before = torch.from_numpy(joint_positions[:, before].copy()).to(self.device)
+            self._producing_command = torch.from_numpy((actions if k >= 2 else joint_positions)[:, before].copy()).to(self.device)
         self.latent = latents[:, -1]
         window = self.config.window
         if self.streaming:
