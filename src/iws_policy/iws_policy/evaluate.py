@@ -362,9 +362,10 @@ def stop_on_sigterm() -> None:
 
 
 def model_weights(model: str | None) -> str:
-    """The digest of the world model an evaluation ran (None: the shipped default)."""
-    from iws_world_model.checkpoint import weights_digest
-    return weights_digest(model or default_model_dir())
+    """The digest of the world model an evaluation ran (None: the shipped default), with the
+    inference settings its config changes (`model_identity`)."""
+    from iws_world_model.checkpoint import model_identity
+    return model_identity(model or default_model_dir())
 
 
 def main(argv: list[str] | None = None) -> int:

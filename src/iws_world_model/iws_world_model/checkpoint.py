@@ -21,6 +21,8 @@ from .networks import WorldModelNetwork
 FORMAT = "iws-world-model/1"
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 NORMALIZATION_KEYS = ("action_low", "action_high", "joint_mean", "joint_std")
+# Model config keys that change how trained weights are run, not what they are.
+INFERENCE_ONLY_KEYS = ("snap_threshold", "frozen_noise")
 
 
 class CheckpointError(RuntimeError):
@@ -56,6 +58,17 @@ def weights_digest(directory: str | Path) -> str:
         return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read the weights ({exc.strerror or exc})") from exc
+
+
+def model_identity(directory: str | Path) -> str:
+    """The weights' digest, plus each inference-only setting of the config that is not its default
+    (``abcd...+frozen_noise=True``): two results came from the same model when the same weights ran
+    the same way. A model at the defaults is named by its digest alone, as before these keys."""
+    digest = weights_digest(directory)
+    model, default = read_meta(directory).get("model", {}), ModelConfig()
+    changed = [f"{key}={model[key]}" for key in INFERENCE_ONLY_KEYS
+               if key in model and model[key] != getattr(default, key)]
+    return "+".join([digest, *changed])
 
 
 def read_meta(directory: str | Path) -> dict:

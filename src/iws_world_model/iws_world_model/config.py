@@ -40,6 +40,7 @@ class ModelConfig:
     history_level: int = 15                 # noise label of (clean) history frames at inference
     history_noise_max: int = 99             # training noises history at t = s in 1..this
     snap_threshold: float = 0.0             # inference: a latent cell that, with its neighbours, moves less than this keeps its value (0: off)
+    frozen_noise: bool = False              # inference: each world samples every step from one noise draw per reset, not fresh noise
     joint_head_channels: int = 32
     joint_head_hidden: int = 128
     joint_head_action: bool = False         # the joint head also reads the command that produced the frame
@@ -100,6 +101,8 @@ class ModelConfig:
                 or not 0 <= self.snap_threshold < 2):
             bad("snap_threshold", f"must be a number in [0, 2) (0: off; latent cells are unit vectors), "
                                   f"got {self.snap_threshold!r}")
+        if not isinstance(self.frozen_noise, bool):
+            bad("frozen_noise", f"must be true or false, got {self.frozen_noise!r}")
 
 
 @dataclasses.dataclass

@@ -389,7 +389,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
              one_step: bool = False, history_level: int | None = None, reencode: bool = False,
              physics_nudge: tuple[float, ...] = (), seed_spread: bool = False,
              snap_threshold: float | None = None, start_history_level: int | None = None,
-             first_frame: int | None = None) -> dict:
+             first_frame: int | None = None, frozen_noise: bool | None = None) -> dict:
     """Run the open-loop protocol; writes OUT/openloop.json and the videos, returns the report.
     ``dynamics_steps`` overrides the model's consistency jumps per step (not the MSE baseline's);
     ``autoencoder`` adds the reconstructed real frames as a reference row (the dynamics' ceiling);
@@ -399,7 +399,8 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
     ``snap_threshold`` overrides the model's (latent cells that barely move keep their value);
     ``physics_nudge`` adds, per size, the reference simulator's own replay, the T nudged by that many mm / deg;
     ``seed_spread`` rolls the model out again under seed + 1 and reports how far the two rollouts differ;
-    ``first_frame`` starts the prediction at that frame of each episode instead of at the window."""
+    ``first_frame`` starts the prediction at that frame of each episode instead of at the window;
+    ``frozen_noise`` samples each world's every step from one noise draw (``WorldModel``)."""
     started = time.time()
     if horizon < 1 or episodes < 1:
         raise EvalError(f"horizon and episodes must be >= 1, got {horizon} and {episodes}")
@@ -409,7 +410,8 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
     device = device or default_device()
     try:
         world = WorldModel.load(model, device, dynamics_steps=dynamics_steps, history_level=history_level,
-                               reencode=reencode, snap_threshold=snap_threshold, start_history_level=start_history_level)
+                               reencode=reencode, snap_threshold=snap_threshold, start_history_level=start_history_level,
+                               frozen_noise=frozen_noise)
     except ValueError as exc:  # an override outside the config's rules
         raise EvalError(str(exc)) from exc
     dataset = Dataset(data)
@@ -501,7 +503,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
             "psnr_cap_db": metrics.PSNR_CAP_DB, "decode_steps": world.decode_steps,
             "dynamics_steps": world.dynamics_steps,
             "history_level": world.history_level, "start_history_level": world.start_history_level,
-            "reencode": world.reencode, "snap_threshold": world.snap_threshold,
+            "reencode": world.reencode, "snap_threshold": world.snap_threshold, "frozen_noise": world.frozen_noise,
             "physics_nudge": list(physics_nudge),
             "seed_spread": seed + 1 if seed_spread else None,
             "pose_metrics": pose_note or "T pose by iws_reference_robot.perception on frames upscaled to the camera "
@@ -595,6 +597,9 @@ def openloop_main(argv: list[str] | None = None) -> int:
     p.add_argument("--snap-threshold", type=float, default=None,
                    help="latent cells the dynamics moves less than this keep their value; 0 = off "
                         "(default: the model config's snap_threshold)")
+    p.add_argument("--frozen-noise", action=argparse.BooleanOptionalAction, default=None,
+                   help="sample every step of a world from one noise draw per reset (dynamics target and "
+                        "decoder) instead of fresh noise each step (default: the model config's frozen_noise)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -604,7 +609,7 @@ def openloop_main(argv: list[str] | None = None) -> int:
                           autoencoder=args.autoencoder, one_step=args.one_step, history_level=args.history_level,
                           reencode=args.reencode, snap_threshold=args.snap_threshold,
                           start_history_level=args.start_history_level, physics_nudge=args.physics_nudge,
-                          seed_spread=args.seed_spread, first_frame=args.first_frame)
+                          seed_spread=args.seed_spread, first_frame=args.first_frame, frozen_noise=args.frozen_noise)
     except (EvalError, DatasetError, CheckpointError) as exc:
         print(f"iws eval openloop: error: {exc}", file=sys.stderr)
         return 2

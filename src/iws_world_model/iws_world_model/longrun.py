@@ -43,7 +43,8 @@ def reference_frames(model: str | Path, size: int, data: str | Path | None, samp
 def longrun(model: str | Path, minutes: float = 10.0, rate: float | None = None, out: str | Path | None = None, seed: int = 0,
             data: str | Path | None = None, start_window: int = 0, video_every: int | None = None,
             margin: float = 0.25, min_fraction: float = 0.95, device: str | None = None, progress: bool = True,
-            dynamics_steps: int | None = None, snap_threshold: float | None = None) -> dict:
+            dynamics_steps: int | None = None, snap_threshold: float | None = None,
+            frozen_noise: bool | None = None) -> dict:
     """Closed loop: the pixel push_t expert drives the model from its own (upscaled) frames.
 
     The expert's command goes through the same JointCommandFollower as the ROS node (clamping,
@@ -56,7 +57,7 @@ def longrun(model: str | Path, minutes: float = 10.0, rate: float | None = None,
     started = time.time()
     try:
         world = WorldModel.load(model, device or default_device(), dynamics_steps=dynamics_steps,
-                                snap_threshold=snap_threshold)
+                                snap_threshold=snap_threshold, frozen_noise=frozen_noise)
     except ConfigError as exc:  # an override outside the config's rules
         raise EvalError(str(exc)) from exc
     meta_dataset = world.meta.get("dataset", {})
@@ -152,7 +153,7 @@ def longrun(model: str | Path, minutes: float = 10.0, rate: float | None = None,
                      "seed": seed, "start_window": start_window, "policy": "push_t pixel expert (holds its last "
                      "command while the T is not found)", "profile": profile.name, "camera_size": [cam_h, cam_w],
                      "image_size": world.image_size, "dynamics_steps": world.dynamics_steps,
-                     "snap_threshold": world.snap_threshold, "device": str(world.device),
+                     "snap_threshold": world.snap_threshold, "frozen_noise": world.frozen_noise, "device": str(world.device),
                      "min_in_distribution_fraction": min_fraction},
         "reference": reference,
         "minutes": minutes_report,
@@ -190,13 +191,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--snap-threshold", type=float, default=None,
                    help="latent cells the dynamics moves less than this keep their value; 0 = off "
                         "(default: the model config's snap_threshold)")
+    p.add_argument("--frozen-noise", action=argparse.BooleanOptionalAction, default=None,
+                   help="sample every step from one noise draw instead of fresh noise "
+                        "(default: the model config's frozen_noise)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         report = longrun(args.model, args.minutes, args.rate, args.out, args.seed, args.data, args.start_window,
                          args.video_every, args.margin, args.min_fraction, args.device,
-                         dynamics_steps=args.dynamics_steps, snap_threshold=args.snap_threshold)
+                         dynamics_steps=args.dynamics_steps, snap_threshold=args.snap_threshold,
+                         frozen_noise=args.frozen_noise)
     except (EvalError, DatasetError, CheckpointError, StartWindowError) as exc:
         print(f"iws eval longrun: error: {exc}", file=sys.stderr)
         return 2

@@ -106,8 +106,9 @@ def _summary(found: np.ndarray, poses: np.ndarray, reference: np.ndarray, goal: 
 
 def rest(model: str | Path, starts: int = 16, near_goal: int = 16, steps: int = 100, seed: int = 90000,
          checkpoints: tuple[int, ...] = (1, 10, 25, 50, 100), out: str | Path | None = None,
-         device: str | None = None, progress: bool = True) -> dict:
-    """The report: per kind of start and per checkpoint step, how far the model moved the T."""
+         device: str | None = None, progress: bool = True, frozen_noise: bool | None = None) -> dict:
+    """The report: per kind of start and per checkpoint step, how far the model moved the T.
+    ``frozen_noise``: each world samples from one noise draw every step (``WorldModel``)."""
     from iws_reference_robot.perception import PushTPoseEstimator
     from iws_reference_robot.tasks import PushT, t_overlap
 
@@ -118,7 +119,7 @@ def rest(model: str | Path, starts: int = 16, near_goal: int = 16, steps: int = 
     checkpoints = tuple(sorted({c for c in checkpoints if 1 <= c <= steps} | {steps}))
     began = time.time()
     try:
-        world = WorldModel.load(model, device or default_device())
+        world = WorldModel.load(model, device or default_device(), frozen_noise=frozen_noise)
     except ConfigError as exc:
         raise EvalError(str(exc)) from exc
     meta_dataset = world.meta.get("dataset", {})
@@ -154,6 +155,7 @@ def rest(model: str | Path, starts: int = 16, near_goal: int = 16, steps: int = 
     goal = PushT.GOAL
     report = {"protocol": {"model": str(model), "starts": starts, "near_goal": near_goal, "steps": steps,
                            "seed": seed, "checkpoints": list(checkpoints), "window": world.config.window,
+                           "frozen_noise": world.frozen_noise,
                            "profile": profile.name, "device": str(world.device),
                            "near_goal_placement": {"overlap": list(NEAR_GOAL_OVERLAP), "offset_m": list(NEAR_GOAL_OFFSET_M),
                                                    "turn_deg": list(NEAR_GOAL_TURN_DEG)},
@@ -190,13 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="output directory (default: MODEL/eval)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--frozen-noise", action=argparse.BooleanOptionalAction, default=None,
+                   help="sample every step from one noise draw per world instead of fresh noise "
+                        "(default: the model config's frozen_noise)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         report = rest(args.model, args.starts, args.near_goal, args.steps, args.seed, out=args.out,
-                      device=args.device, progress=not args.no_progress)
+                      device=args.device, progress=not args.no_progress, frozen_noise=args.frozen_noise)
     except (EvalError, CheckpointError) as exc:
         print(f"iws eval rest: error: {exc}", file=sys.stderr)
         return 2

@@ -74,7 +74,7 @@ class WorldModel:
                  device: str | torch.device = "cpu", decode_steps: int | None = None, streaming: bool | None = None,
                  max_command_step=None, dynamics_steps: int | None = None, channels_last: bool | None = None,
                  history_level: int | None = None, reencode: bool = False, snap_threshold: float | None = None,
-                 start_history_level: int | None = None):
+                 start_history_level: int | None = None, frozen_noise: bool | None = None):
         self.device = torch.device(device)
         self.network = network.to(self.device).eval()
         # On the CPU, oneDNN convolutions run faster on channels-last weights: the push_t model steps
@@ -108,10 +108,15 @@ class WorldModel:
         # A latent cell the dynamics moves less than this (L2 over its channels) keeps its previous
         # value exactly (``_snap``); also an inference-time choice.
         self.snap_threshold = self.config.snap_threshold if snap_threshold is None else snap_threshold
+        # Draw each world's noise once per reset and start every step's dynamics target and decode
+        # from it, instead of fresh noise each step: a scene that does not change is then drawn the
+        # same way twice, so what the arm leaves alone does not flicker with the noise.
+        self.frozen_noise = self.config.frozen_noise if frozen_noise is None else frozen_noise
+        self._frozen_target = self._frozen_decode = None
         # The overrides meet the config's own rules (ConfigError is a ValueError).
         for level in {self.history_level, self.start_history_level}:
             dataclasses.replace(self.config, dynamics_steps=self.dynamics_steps, history_level=level,
-                                snap_threshold=self.snap_threshold).validate("WorldModel")
+                                snap_threshold=self.snap_threshold, frozen_noise=self.frozen_noise).validate("WorldModel")
         self.streaming = self.config.streaming if streaming is None else streaming
         # Feed the dynamics the encoder's latent of each frame it rendered instead of the latent it
         # predicted: the history is then always a latent of an image, as in training.
@@ -175,11 +180,13 @@ class WorldModel:
         return self.network.encoder(x.reshape(-1, *x.shape[-3:])).reshape(*x.shape[:-3], *self._latent_shape)
 
     @torch.inference_mode()
-    def decode(self, latent: torch.Tensor, steps: int | None = None) -> torch.Tensor:
-        """latents (N, L, h, w) -> images (N, 3, S, S) in [-1, 1]."""
+    def decode(self, latent: torch.Tensor, steps: int | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """latents (N, L, h, w) -> images (N, 3, S, S) in [-1, 1]; ``noise`` (N, 3, S, S): the start
+        of the decoder's jump (default: fresh from the session's generator)."""
         n = latent.shape[0]
-        noise = torch.randn((n, 3, self.image_size, self.image_size), generator=self._generator,
-                            device=self.device).clamp_(-EPS_CLAMP, EPS_CLAMP)
+        if noise is None:
+            noise = torch.randn((n, 3, self.image_size, self.image_size), generator=self._generator,
+                                device=self.device).clamp_(-EPS_CLAMP, EPS_CLAMP)
         times = decode_times(steps or self.decode_steps, self.config.timesteps)
         return sample(lambda x, t, s: self.network.decoder(x, t, s, latent), noise, times, self.schedule)
 
@@ -262,6 +269,8 @@ class WorldModel:
         shape = (n, 1, *self._latent_shape)
         if self.config.dynamics_objective == "mse":
             return torch.zeros(shape, device=self.device)
+        if self._frozen_target is not None:
+            return self._frozen_target.clone()
         return torch.randn(shape, generator=self._generator, device=self.device).clamp_(-EPS_CLAMP, EPS_CLAMP)
 
     # the session ------------------------------------------------------------------------------
@@ -280,6 +289,11 @@ class WorldModel:
             raise ValueError(f"joint_positions and actions must be {(n, k, self.joint_dim)[1 - self._batched:]}, "
                              f"got {joint_positions.shape[1 - self._batched:]} and {actions.shape[1 - self._batched:]}")
         self._generator.manual_seed(random.randrange(2**63) if seed is None else seed)
+        self._frozen_target = self._frozen_decode = None
+        if self.frozen_noise:
+            self._frozen_target = self._target_frame(n)
+            self._frozen_decode = torch.randn((n, 3, self.image_size, self.image_size), generator=self._generator,
+                                              device=self.device).clamp_(-EPS_CLAMP, EPS_CLAMP)
         latents = self.encode(images)                                     # (N, K, L, h, w)
         a = self.normalize_actions(actions)
         leading = torch.cat([a[:, :1], a[:, :-1]], 1)                     # frame i was produced by a[i-1]
@@ -338,7 +352,7 @@ class WorldModel:
             self._history = torch.cat([self._history, latent[:, None]], 1)[:, -window:]
             self._history_levels = torch.cat([self._history_levels, self._labels(n, 1, hist)], 1)[:, -window:]
             self._history_actions = torch.cat([self._history_actions, a[:, None]], 1)[:, -window:]
-        image = tensor_to_images(self.decode(latent))
+        image = tensor_to_images(self.decode(latent, noise=self._frozen_decode))
         if self.reencode:
             latent = self.encode(image)
             if self.streaming:
