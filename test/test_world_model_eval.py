@@ -423,9 +423,27 @@ def test_rest_reads_the_t_held_still_from_ordinary_and_near_goal_starts(tiny_wor
         assert physics["overlap_with_start"] > 0.98
         assert set(row["model"]) == {"1", "4"}
         assert all(0.0 <= m["t_found_rate"] <= 1.0 for m in row["model"].values())
+        flicker = row["model_frame_to_frame"]
+        assert 0 <= flicker["steps"] <= 3 * 2  # 3 steps between 4 frames, 2 worlds, where both found the T
+        assert flicker["still_rate"] is None or 0.0 <= flicker["still_rate"] <= 1.0
 
     assert rest.main(["--model", str(tiny_world_model), "--starts", "0", "--near-goal", "0"]) == 2
     assert "at least one start" in capsys.readouterr().err
+
+
+def test_frame_to_frame_steps_count_a_t_at_rest_and_skip_unfound_frames():
+    from iws_world_model.rest import _frame_to_frame
+
+    still = np.tile([0.1, 0.2, 0.5], (5, 2, 1))                      # 5 frames, 2 worlds, the T never moves
+    report = _frame_to_frame(still)
+    assert report == {"steps": 8, "position_mm_median": 0.0, "yaw_deg_median": 0.0, "still_rate": 1.0}
+    moving = still.copy()
+    moving[:, 1, 0] += 0.001 * np.arange(5)                          # world 1 slides 1 mm a frame
+    moving[2, 0] = np.nan                                            # world 0 loses the T in frame 2
+    report = _frame_to_frame(moving)
+    assert report["steps"] == 6 and report["still_rate"] == pytest.approx(2 / 6)
+    assert report["position_mm_median"] == pytest.approx(1.0)
+    assert _frame_to_frame(np.full((3, 1, 3), np.nan))["still_rate"] is None
 
 
 def test_near_goal_placement_is_near_success_but_not_at_it():

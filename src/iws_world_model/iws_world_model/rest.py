@@ -35,6 +35,7 @@ NEAR_GOAL_OVERLAP = (0.6, 0.9)  # T placed this far off the goal: near success, 
 NEAR_GOAL_OFFSET_M = (0.008, 0.02)
 NEAR_GOAL_TURN_DEG = (4.0, 15.0)
 FLIP_DEG = metrics.FLIP_DEG
+STILL = (0.1, 0.1)  # mm, degrees: a frame-to-frame step under both is a T at rest
 
 
 def upscale_all(images: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -104,6 +105,20 @@ def _summary(found: np.ndarray, poses: np.ndarray, reference: np.ndarray, goal: 
             "overlap_with_start": mean(self_overlap), "overlap_with_goal": mean(goal_overlap)}
 
 
+def _frame_to_frame(poses: np.ndarray) -> dict:
+    """How the read T moves between consecutive frames (poses (steps, N, 3), NaN where not found):
+    median step and the share of steps under ``STILL`` mm and degrees. On the robot an untouched T's
+    frames are identical and every step is still; a model whose T flickers gives its policies and its
+    scripted expert a T that never rests."""
+    position, yaw = metrics.pose_errors(poses[1:].reshape(-1, 3), poses[:-1].reshape(-1, 3))
+    ok = np.isfinite(position)
+    if not ok.any():
+        return {"steps": 0, "position_mm_median": None, "yaw_deg_median": None, "still_rate": None}
+    still = (position[ok] < STILL[0]) & (yaw[ok] < STILL[1])
+    return {"steps": int(ok.sum()), "position_mm_median": float(np.median(position[ok])),
+            "yaw_deg_median": float(np.median(yaw[ok])), "still_rate": float(still.mean())}
+
+
 def rest(model: str | Path, starts: int = 16, near_goal: int = 16, steps: int = 100, seed: int = 90000,
          checkpoints: tuple[int, ...] = (1, 10, 25, 50, 100), out: str | Path | None = None,
          device: str | None = None, progress: bool = True, frozen_noise: bool | None = None) -> dict:
@@ -139,18 +154,17 @@ def rest(model: str | Path, starts: int = 16, near_goal: int = 16, steps: int = 
 
     world.reset(context["images"], context["joint_positions"], context["actions"], seed=seed)
     hold = context["actions"][:, -1]
-    found = np.zeros((len(checkpoints), n), bool)
-    poses = np.full((len(checkpoints), n, 3), np.nan)
+    every = np.full((steps, n, 3), np.nan)  # the pose read from every frame (NaN: not found)
     with progress_bar(steps, "at rest", progress) as bar:
-        for step in range(1, steps + 1):
+        for step in range(steps):
             small, _ = world.step(hold)
-            if step in checkpoints:
-                c = checkpoints.index(step)
-                for i in range(n):
-                    estimate = estimator.estimate(upscale(small[i], cam_h, cam_w))
-                    found[c, i] = estimate.found and real_found[i]
-                    poses[c, i] = estimate.pose if estimate.found else np.nan
+            for i in range(n):
+                estimate = estimator.estimate(upscale(small[i], cam_h, cam_w))
+                if estimate.found:
+                    every[step, i] = estimate.pose
             bar.update(1)
+    poses = every[[step - 1 for step in checkpoints]]
+    found = np.isfinite(poses[..., 0]) & real_found
 
     goal = PushT.GOAL
     report = {"protocol": {"model": str(model), "starts": starts, "near_goal": near_goal, "steps": steps,
@@ -172,7 +186,8 @@ def rest(model: str | Path, starts: int = 16, near_goal: int = 16, steps: int = 
             "true_overlap_with_goal": float(np.mean([t_overlap(p, goal) for p in context["true_first"][rows]])),
             "physics_after_steps": physics,
             "model": {str(step): _summary(found[c, rows], poses[c, rows], real_pose[rows], goal)
-                      for c, step in enumerate(checkpoints)}}
+                      for c, step in enumerate(checkpoints)},
+            "model_frame_to_frame": _frame_to_frame(every[:, rows])}
     report["seconds"] = round(time.time() - began, 1)
     report = metrics.jsonable(report)
     out = Path(out) if out else Path(model) / "eval"
@@ -209,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         physics = row["physics_after_steps"]
         print(f"{kind} ({row['worlds']} worlds, true overlap with the goal {row['true_overlap_with_goal']:.2f}; "
               f"physics after {args.steps} steps: {physics['position_drift_mm']:.1f} mm, {physics['yaw_drift_deg']:.1f} deg)")
+        flicker = row["model_frame_to_frame"]
+        if flicker["steps"]:
+            print(f"  frame to frame: T step {flicker['position_mm_median']:.2f} mm, {flicker['yaw_deg_median']:.2f} deg "
+                  f"(medians), still in {flicker['still_rate']:.2f} of {flicker['steps']} steps (the robot: all)")
         for step, m in row["model"].items():
             fmt = lambda v, spec: "-" if v is None else format(v, spec)
             print(f"  step {step:>4}: T found {m['t_found_rate']:.2f}  drift {fmt(m['position_drift_mm'], '.1f')} mm "
