@@ -1053,38 +1053,57 @@ def test_snap_keeps_the_cells_the_dynamics_barely_moves(run_dir, dataset_dir):
 
 def test_frozen_noise_draws_a_scene_that_does_not_change_the_same_every_step(run_dir, dataset_dir):
     images, joints, actions, future = episode_start(dataset_dir, 3)
-    frames = {}
-    for frozen in (False, True):
-        # Every latent cell snapped: the scene stays what was encoded, only the noise can differ.
-        world = WorldModel.load(run_dir, snap_threshold=1.99, frozen_noise=frozen)
+    frames, latents = {}, {}
+    for mode in ("none", "decoder", "all"):
+        # Every latent cell snapped: the scene stays what was encoded, only the decoder's noise can differ.
+        world = WorldModel.load(run_dir, snap_threshold=1.99, frozen_noise=mode)
         world.reset(images, joints, actions, seed=0)
         start = world.latent.clone()
-        frames[frozen] = [world.step(a)[0] for a in future[:3]]
+        frames[mode] = [world.step(a)[0] for a in future[:3]]
         assert torch.equal(world.latent, start)
-    assert not np.array_equal(frames[False][0], frames[False][1])         # fresh noise redraws it
-    assert all(np.array_equal(frames[True][0], f) for f in frames[True][1:])
+        # Unsnapped, only "all" feeds the dynamics the same target noise every step.
+        world = WorldModel.load(run_dir, frozen_noise=mode)
+        latents[mode] = [latent for latent in rollout_latents(world, dataset_dir, seed=0)]
+    assert not np.array_equal(frames["none"][0], frames["none"][1])      # fresh noise redraws it
+    for mode in ("decoder", "all"):
+        assert all(np.array_equal(frames[mode][0], f) for f in frames[mode][1:])
+    assert torch.equal(latents["none"][0], latents["decoder"][0])       # the decoder's draw leaves the dynamics alone
+    assert not torch.equal(latents["none"][0], latents["all"][0])
     # One draw per reset: the seed picks it, a reset draws it anew.
-    world = WorldModel.load(run_dir, frozen_noise=True)
+    world = WorldModel.load(run_dir, frozen_noise="all")
     a, b, c = (rollout(world, dataset_dir, seed) for seed in (7, 7, 8))
     assert all(np.array_equal(x[0], y[0]) for x, y in zip(a, b))
     assert not np.array_equal(a[0][0], c[0][0])
+
+
+def rollout_latents(world: WorldModel, dataset_dir: Path, seed: int, steps: int = 3) -> list[torch.Tensor]:
+    images, joints, actions, future = episode_start(dataset_dir, world.config.window)
+    world.reset(images, joints, actions, seed=seed)
+    out = []
+    for a in future[:steps]:
+        world.step(a)
+        out.append(world.latent.clone())
+    return out
 
 
 def test_frozen_noise_in_a_models_config_runs_it_so_and_names_it_apart(run_dir, tmp_path):
     frozen = tmp_path / "frozen"
     shutil.copytree(run_dir, frozen, ignore=shutil.ignore_patterns("tb", "*.pt"))
     meta = json.loads((frozen / "config.json").read_text())
-    meta["model"]["frozen_noise"] = True
+    meta["model"]["frozen_noise"] = "decoder"
     (frozen / "config.json").write_text(json.dumps(meta))
-    assert WorldModel.load(frozen).frozen_noise and not WorldModel.load(frozen, frozen_noise=False).frozen_noise
-    assert not WorldModel.load(run_dir).frozen_noise
+    assert WorldModel.load(frozen).frozen_noise == "decoder"
+    assert WorldModel.load(frozen, frozen_noise="none").frozen_noise == "none"
+    assert WorldModel.load(run_dir).frozen_noise == "none"
     # The same weights run another way: evaluations cached by the model's identity tell them apart.
     assert checkpoint.model_identity(run_dir) == checkpoint.weights_digest(run_dir)
-    assert checkpoint.model_identity(frozen) == checkpoint.weights_digest(run_dir) + "+frozen_noise=True"
-    meta["model"]["frozen_noise"] = "yes"
+    assert checkpoint.model_identity(frozen) == checkpoint.weights_digest(run_dir) + "+frozen_noise=decoder"
+    meta["model"]["frozen_noise"] = True
     (frozen / "config.json").write_text(json.dumps(meta))
     with pytest.raises((ConfigError, CheckpointError), match="frozen_noise"):
         WorldModel.load(frozen)
+    with pytest.raises(ConfigError, match="frozen_noise"):
+        WorldModel.load(run_dir, frozen_noise="sometimes")
 
 
 def test_consistency_schedule_and_jump():

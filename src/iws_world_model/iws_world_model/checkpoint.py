@@ -62,7 +62,7 @@ def weights_digest(directory: str | Path) -> str:
 
 def model_identity(directory: str | Path) -> str:
     """The weights' digest, plus each inference-only setting of the config that is not its default
-    (``abcd...+frozen_noise=True``): two results came from the same model when the same weights ran
+    (``abcd...+frozen_noise=decoder``): two results came from the same model when the same weights ran
     the same way. A model at the defaults is named by its digest alone, as before these keys."""
     digest = weights_digest(directory)
     model, default = read_meta(directory).get("model", {}), ModelConfig()

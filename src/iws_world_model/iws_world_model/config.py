@@ -12,6 +12,11 @@ from typing import Any
 import yaml
 
 
+# What a world draws once per reset instead of every step (WorldModel): nothing, the decoder's
+# noise, or the decoder's and the dynamics' target.
+FROZEN_NOISE = ("none", "decoder", "all")
+
+
 class ConfigError(ValueError):
     """A model/training configuration is missing, malformed or inconsistent."""
 
@@ -40,7 +45,7 @@ class ModelConfig:
     history_level: int = 15                 # noise label of (clean) history frames at inference
     history_noise_max: int = 99             # training noises history at t = s in 1..this
     snap_threshold: float = 0.0             # inference: a latent cell that, with its neighbours, moves less than this keeps its value (0: off)
-    frozen_noise: bool = False              # inference: each world samples every step from one noise draw per reset, not fresh noise
+    frozen_noise: str = "none"              # inference: "decoder" / "all": one noise draw per world and reset for the decoder / also the dynamics
     joint_head_channels: int = 32
     joint_head_hidden: int = 128
     joint_head_action: bool = False         # the joint head also reads the command that produced the frame
@@ -101,8 +106,8 @@ class ModelConfig:
                 or not 0 <= self.snap_threshold < 2):
             bad("snap_threshold", f"must be a number in [0, 2) (0: off; latent cells are unit vectors), "
                                   f"got {self.snap_threshold!r}")
-        if not isinstance(self.frozen_noise, bool):
-            bad("frozen_noise", f"must be true or false, got {self.frozen_noise!r}")
+        if self.frozen_noise not in FROZEN_NOISE:
+            bad("frozen_noise", f"must be one of {', '.join(FROZEN_NOISE)}, got {self.frozen_noise!r}")
 
 
 @dataclasses.dataclass

@@ -35,6 +35,7 @@ from iws_data.dataset import Dataset, DatasetError, Episode
 
 from . import metrics
 from .checkpoint import CheckpointError
+from .config import FROZEN_NOISE
 from .world_model import WorldModel, images_to_tensor, tensor_to_images, upscale
 
 DEFAULT_HORIZON = 192
@@ -389,7 +390,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
              one_step: bool = False, history_level: int | None = None, reencode: bool = False,
              physics_nudge: tuple[float, ...] = (), seed_spread: bool = False,
              snap_threshold: float | None = None, start_history_level: int | None = None,
-             first_frame: int | None = None, frozen_noise: bool | None = None) -> dict:
+             first_frame: int | None = None, frozen_noise: str | None = None) -> dict:
     """Run the open-loop protocol; writes OUT/openloop.json and the videos, returns the report.
     ``dynamics_steps`` overrides the model's consistency jumps per step (not the MSE baseline's);
     ``autoencoder`` adds the reconstructed real frames as a reference row (the dynamics' ceiling);
@@ -400,7 +401,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
     ``physics_nudge`` adds, per size, the reference simulator's own replay, the T nudged by that many mm / deg;
     ``seed_spread`` rolls the model out again under seed + 1 and reports how far the two rollouts differ;
     ``first_frame`` starts the prediction at that frame of each episode instead of at the window;
-    ``frozen_noise`` samples each world's every step from one noise draw (``WorldModel``)."""
+    ``frozen_noise`` overrides the config's (what a world draws once per reset: ``WorldModel``)."""
     started = time.time()
     if horizon < 1 or episodes < 1:
         raise EvalError(f"horizon and episodes must be >= 1, got {horizon} and {episodes}")
@@ -597,9 +598,9 @@ def openloop_main(argv: list[str] | None = None) -> int:
     p.add_argument("--snap-threshold", type=float, default=None,
                    help="latent cells the dynamics moves less than this keep their value; 0 = off "
                         "(default: the model config's snap_threshold)")
-    p.add_argument("--frozen-noise", action=argparse.BooleanOptionalAction, default=None,
-                   help="sample every step of a world from one noise draw per reset (dynamics target and "
-                        "decoder) instead of fresh noise each step (default: the model config's frozen_noise)")
+    p.add_argument("--frozen-noise", choices=FROZEN_NOISE, default=None,
+                   help="draw once per reset instead of every step: nothing, the decoder's noise, or the dynamics' too "
+                   "(default: the model config's frozen_noise)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -23,7 +23,7 @@ from iws_data.dataset import Dataset, DatasetError
 
 from . import metrics
 from .checkpoint import CheckpointError
-from .config import ConfigError
+from .config import FROZEN_NOISE, ConfigError
 from .evaluate import EvalError, progress_bar, default_device, load_robot_profile, resize
 from .start_windows import StartWindowError, load_start_windows
 from .world_model import WorldModel, upscale
@@ -44,7 +44,7 @@ def longrun(model: str | Path, minutes: float = 10.0, rate: float | None = None,
             data: str | Path | None = None, start_window: int = 0, video_every: int | None = None,
             margin: float = 0.25, min_fraction: float = 0.95, device: str | None = None, progress: bool = True,
             dynamics_steps: int | None = None, snap_threshold: float | None = None,
-            frozen_noise: bool | None = None) -> dict:
+            frozen_noise: str | None = None) -> dict:
     """Closed loop: the pixel push_t expert drives the model from its own (upscaled) frames.
 
     The expert's command goes through the same JointCommandFollower as the ROS node (clamping,
@@ -191,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--snap-threshold", type=float, default=None,
                    help="latent cells the dynamics moves less than this keep their value; 0 = off "
                         "(default: the model config's snap_threshold)")
-    p.add_argument("--frozen-noise", action=argparse.BooleanOptionalAction, default=None,
-                   help="sample every step from one noise draw instead of fresh noise "
-                        "(default: the model config's frozen_noise)")
+    p.add_argument("--frozen-noise", choices=FROZEN_NOISE, default=None,
+                   help="draw once per reset instead of every step: nothing, the decoder's noise, or the dynamics' too "
+                   "(default: the model config's frozen_noise)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -27,7 +27,7 @@ import torch
 
 from . import metrics
 from .checkpoint import CheckpointError
-from .config import ConfigError
+from .config import FROZEN_NOISE, ConfigError
 from .evaluate import EvalError, default_device, load_robot_profile, progress_bar, resize
 from .world_model import WorldModel, upscale
 
@@ -121,9 +121,9 @@ def _frame_to_frame(poses: np.ndarray) -> dict:
 
 def rest(model: str | Path, starts: int = 16, near_goal: int = 16, steps: int = 100, seed: int = 90000,
          checkpoints: tuple[int, ...] = (1, 10, 25, 50, 100), out: str | Path | None = None,
-         device: str | None = None, progress: bool = True, frozen_noise: bool | None = None) -> dict:
+         device: str | None = None, progress: bool = True, frozen_noise: str | None = None) -> dict:
     """The report: per kind of start and per checkpoint step, how far the model moved the T.
-    ``frozen_noise``: each world samples from one noise draw every step (``WorldModel``)."""
+    ``frozen_noise`` overrides the config's (what a world draws once per reset: ``WorldModel``)."""
     from iws_reference_robot.perception import PushTPoseEstimator
     from iws_reference_robot.tasks import PushT, t_overlap
 
@@ -207,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="output directory (default: MODEL/eval)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--frozen-noise", action=argparse.BooleanOptionalAction, default=None,
-                   help="sample every step from one noise draw per world instead of fresh noise "
-                        "(default: the model config's frozen_noise)")
+    p.add_argument("--frozen-noise", choices=FROZEN_NOISE, default=None,
+                   help="draw once per reset instead of every step: nothing, the decoder's noise, or the dynamics' too "
+                   "(default: the model config's frozen_noise)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.threads:

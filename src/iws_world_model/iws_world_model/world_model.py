@@ -23,6 +23,8 @@ from .config import ModelConfig
 from .consistency import EPS_CLAMP, Schedule, decode_times, sample
 from .networks import WorldModelNetwork, normalize_latent, servo_features
 
+FROZEN_SEED_SALT = 0x5EED_F0_2E  # frozen noise draws from the reset's seed, apart from the per-step draws
+
 
 def images_to_tensor(images: np.ndarray | torch.Tensor, size: int, device) -> torch.Tensor:
     """uint8 (..., H, W, 3) -> float (..., 3, size, size) in [-1, 1], area-resized."""
@@ -74,7 +76,7 @@ class WorldModel:
                  device: str | torch.device = "cpu", decode_steps: int | None = None, streaming: bool | None = None,
                  max_command_step=None, dynamics_steps: int | None = None, channels_last: bool | None = None,
                  history_level: int | None = None, reencode: bool = False, snap_threshold: float | None = None,
-                 start_history_level: int | None = None, frozen_noise: bool | None = None):
+                 start_history_level: int | None = None, frozen_noise: str | None = None):
         self.device = torch.device(device)
         self.network = network.to(self.device).eval()
         # On the CPU, oneDNN convolutions run faster on channels-last weights: the push_t model steps
@@ -108,9 +110,10 @@ class WorldModel:
         # A latent cell the dynamics moves less than this (L2 over its channels) keeps its previous
         # value exactly (``_snap``); also an inference-time choice.
         self.snap_threshold = self.config.snap_threshold if snap_threshold is None else snap_threshold
-        # Draw each world's noise once per reset and start every step's dynamics target and decode
-        # from it, instead of fresh noise each step: a scene that does not change is then drawn the
-        # same way twice, so what the arm leaves alone does not flicker with the noise.
+        # "decoder": draw each world's decoder noise once per reset and render every step from it,
+        # so a scene that does not change is drawn the same way twice and what the arm leaves alone
+        # does not flicker; "all": the dynamics' target too, which makes a world deterministic given
+        # its commands (and able to settle in a fixed point: docs/architecture.md, frozen_noise).
         self.frozen_noise = self.config.frozen_noise if frozen_noise is None else frozen_noise
         self._frozen_target = self._frozen_decode = None
         # The overrides meet the config's own rules (ConfigError is a ValueError).
@@ -288,12 +291,15 @@ class WorldModel:
         if joint_positions.shape != (n, k, self.joint_dim) or actions.shape != (n, k, self.joint_dim):
             raise ValueError(f"joint_positions and actions must be {(n, k, self.joint_dim)[1 - self._batched:]}, "
                              f"got {joint_positions.shape[1 - self._batched:]} and {actions.shape[1 - self._batched:]}")
-        self._generator.manual_seed(random.randrange(2**63) if seed is None else seed)
+        seed = random.randrange(2**63) if seed is None else seed
+        self._generator.manual_seed(seed)
         self._frozen_target = self._frozen_decode = None
-        if self.frozen_noise:
-            self._frozen_target = self._target_frame(n)
-            self._frozen_decode = torch.randn((n, 3, self.image_size, self.image_size), generator=self._generator,
-                                              device=self.device).clamp_(-EPS_CLAMP, EPS_CLAMP)
+        if self.frozen_noise != "none":  # a generator of their own: the per-step draws stay as without
+            frozen = torch.Generator(self.device).manual_seed(seed ^ FROZEN_SEED_SALT)
+            draw = lambda shape: torch.randn(shape, generator=frozen, device=self.device).clamp_(-EPS_CLAMP, EPS_CLAMP)
+            self._frozen_decode = draw((n, 3, self.image_size, self.image_size))
+            if self.frozen_noise == "all" and self.config.dynamics_objective != "mse":
+                self._frozen_target = draw((n, 1, *self._latent_shape))
         latents = self.encode(images)                                     # (N, K, L, h, w)
         a = self.normalize_actions(actions)
         leading = torch.cat([a[:, :1], a[:, :-1]], 1)                     # frame i was produced by a[i-1]
