@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: the model config's snap_threshold)")
     p.add_argument("--frozen-noise", choices=FROZEN_NOISE, default=None,
                    help="draw once per reset instead of every step: nothing, the decoder's noise, or the dynamics' too "
-                   "(default: the model config's frozen_noise)")
+                        "(default: the model config's frozen_noise)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--frozen-noise", choices=FROZEN_NOISE, default=None,
                    help="draw once per reset instead of every step: nothing, the decoder's noise, or the dynamics' too "
-                   "(default: the model config's frozen_noise)")
+                        "(default: the model config's frozen_noise)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.threads:
