@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -599,17 +600,26 @@ def test_experiment_reports_from_cached_evaluations(tmp_path, monkeypatch):
     evaluation("/ckpt/a", "reference", tmp_path / "mix" / "reference_a", 4, 9, 1, None, action_horizon=2)
     evaluation("/ckpt/other", "reference", tmp_path / "mix" / "reference_a", 4, 9, 1, None)
     assert reruns == [2, None], "an evaluation with another action horizon or checkpoint is not the cached one"
-    other_model = tmp_path / "other_model"
-    other_model.mkdir()
+    shipped = Path(evaluate_module.default_model_dir())
+    other_model, other_noise = tmp_path / "other_model", tmp_path / "other_noise"
+    for model in (other_model, other_noise):
+        model.mkdir()
+        shutil.copy(shipped / "config.json", model / "config.json")
     (other_model / "model.safetensors").write_bytes(b"other weights")
+    shutil.copy(shipped / "model.safetensors", other_noise / "model.safetensors")
+    meta = json.loads((other_noise / "config.json").read_text())
+    meta["model"]["frozen_noise"] = "all" if meta["model"].get("frozen_noise") != "all" else "none"
+    (other_noise / "config.json").write_text(json.dumps(meta))
     evaluation("/ckpt/a", "world_model", tmp_path / "mix" / "world_model_a", 4, 9, 1, None)  # cached: the same weights
     evaluation("/ckpt/a", "world_model", tmp_path / "mix" / "world_model_a", 4, 9, 1, str(other_model))
     assert reruns == [2, None, None], "an evaluation in another world model is not the cached one"
+    evaluation("/ckpt/a", "world_model", tmp_path / "mix" / "world_model_a", 4, 9, 1, str(other_noise))
+    assert reruns == [2, None, None, None], "the same weights sampled another way are not the cached model"
     cached = tmp_path / "mix" / "reference_a" / "evaluation.json"
     judged_before = {**json.loads(cached.read_text()), "scorer": scorer_identity(0.92)}
     cached.write_text(json.dumps(judged_before))
     evaluation("/ckpt/a", "reference", tmp_path / "mix" / "reference_a", 4, 9, 1, None)
-    assert reruns == [2, None, None, None], "an evaluation judged by another pixel scorer is not the cached one"
+    assert reruns == [2, None, None, None, None], "an evaluation judged by another pixel scorer is not the cached one"
     cached.write_text(json.dumps({**judged_before, "scorer": scorer_identity(), "policy_weights": "other digest"}))
     evaluation("/ckpt/a", "reference", tmp_path / "mix" / "reference_a", 4, 9, 1, None)
-    assert reruns == [2, None, None, None, None], "a checkpoint retrained at the same path is not the cached one"
+    assert reruns == [2, None, None, None, None, None], "a checkpoint retrained at the same path is not the cached one"
