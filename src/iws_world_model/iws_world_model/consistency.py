@@ -68,8 +68,13 @@ class Schedule:
         return snr.clamp(max=cap) / (snr + 1)
 
 
+def gaussian_noise(shape, device, generator: torch.Generator | None = None, dtype=torch.float32) -> torch.Tensor:
+    """Standard normal noise clamped to +-EPS_CLAMP, as every jump starts from it."""
+    return torch.randn(shape, generator=generator, device=device, dtype=dtype).clamp_(-EPS_CLAMP, EPS_CLAMP)
+
+
 def noise_like(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    return torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype).clamp_(-EPS_CLAMP, EPS_CLAMP)
+    return gaussian_noise(x.shape, x.device, generator, x.dtype)
 
 
 def sample_uniform_times(n: int, timesteps: int, device, generator=None) -> tuple[torch.Tensor, torch.Tensor]:

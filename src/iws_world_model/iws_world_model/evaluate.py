@@ -556,6 +556,13 @@ def nudge_sizes(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers (mm and degrees), got {text!r}") from None
 
 
+def add_frozen_noise_argument(p: argparse.ArgumentParser) -> None:
+    """`--frozen-noise`, as every evaluation that runs a world model takes it (``WorldModel``)."""
+    p.add_argument("--frozen-noise", choices=FROZEN_NOISE, default=None,
+                   help="draw once per reset instead of every step: nothing, the decoder's noise, or the dynamics' too "
+                        "(default: the model config's frozen_noise)")
+
+
 def openloop_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="iws eval openloop", description="open-loop fidelity on held-out episodes "
                                 "(PSNR, SSIM, joint error, push_t T pose) against copy-last-frame and an MSE baseline")
@@ -598,9 +605,7 @@ def openloop_main(argv: list[str] | None = None) -> int:
     p.add_argument("--snap-threshold", type=float, default=None,
                    help="latent cells the dynamics moves less than this keep their value; 0 = off "
                         "(default: the model config's snap_threshold)")
-    p.add_argument("--frozen-noise", choices=FROZEN_NOISE, default=None,
-                   help="draw once per reset instead of every step: nothing, the decoder's noise, or the dynamics' too "
-                        "(default: the model config's frozen_noise)")
+    add_frozen_noise_argument(p)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

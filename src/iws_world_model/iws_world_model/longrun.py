@@ -23,8 +23,8 @@ from iws_data.dataset import Dataset, DatasetError
 
 from . import metrics
 from .checkpoint import CheckpointError
-from .config import FROZEN_NOISE, ConfigError
-from .evaluate import EvalError, progress_bar, default_device, load_robot_profile, resize
+from .config import ConfigError
+from .evaluate import EvalError, add_frozen_noise_argument, progress_bar, default_device, load_robot_profile, resize
 from .start_windows import StartWindowError, load_start_windows
 from .world_model import WorldModel, upscale
 
@@ -191,9 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--snap-threshold", type=float, default=None,
                    help="latent cells the dynamics moves less than this keep their value; 0 = off "
                         "(default: the model config's snap_threshold)")
-    p.add_argument("--frozen-noise", choices=FROZEN_NOISE, default=None,
-                   help="draw once per reset instead of every step: nothing, the decoder's noise, or the dynamics' too "
-                        "(default: the model config's frozen_noise)")
+    add_frozen_noise_argument(p)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -27,8 +27,8 @@ import torch
 
 from . import metrics
 from .checkpoint import CheckpointError
-from .config import FROZEN_NOISE, ConfigError
-from .evaluate import EvalError, default_device, load_robot_profile, progress_bar, resize
+from .config import ConfigError
+from .evaluate import EvalError, add_frozen_noise_argument, default_device, load_robot_profile, progress_bar, resize
 from .world_model import WorldModel, upscale
 
 NEAR_GOAL_OVERLAP = (0.6, 0.9)  # T placed this far off the goal: near success, not at it
@@ -207,9 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="output directory (default: MODEL/eval)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--frozen-noise", choices=FROZEN_NOISE, default=None,
-                   help="draw once per reset instead of every step: nothing, the decoder's noise, or the dynamics' too "
-                        "(default: the model config's frozen_noise)")
+    add_frozen_noise_argument(p)
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.threads:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from . import checkpoint
 from .config import ModelConfig
-from .consistency import EPS_CLAMP, Schedule, decode_times, sample
+from .consistency import Schedule, decode_times, gaussian_noise, sample
 from .networks import WorldModelNetwork, normalize_latent, servo_features
 
 FROZEN_SEED_SALT = 0x5EED_F0_2E  # frozen noise draws from the reset's seed, apart from the per-step draws
@@ -186,10 +186,8 @@ class WorldModel:
     def decode(self, latent: torch.Tensor, steps: int | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
         """latents (N, L, h, w) -> images (N, 3, S, S) in [-1, 1]; ``noise`` (N, 3, S, S): the start
         of the decoder's jump (default: fresh from the session's generator)."""
-        n = latent.shape[0]
         if noise is None:
-            noise = torch.randn((n, 3, self.image_size, self.image_size), generator=self._generator,
-                                device=self.device).clamp_(-EPS_CLAMP, EPS_CLAMP)
+            noise = self._decoder_noise(latent.shape[0], self._generator)
         times = decode_times(steps or self.decode_steps, self.config.timesteps)
         return sample(lambda x, t, s: self.network.decoder(x, t, s, latent), noise, times, self.schedule)
 
@@ -213,6 +211,9 @@ class WorldModel:
                 [torch.from_numpy(np.asarray(x[i:i + chunk], np.float32)).to(self.device) for x in servo_state]
             out_joints.append(self.joints_from_latent(latent, self.normalize_actions(actions[i:i + chunk]), state).cpu().numpy())
         return np.concatenate(out_images), np.concatenate(out_joints)
+
+    def _decoder_noise(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        return gaussian_noise((n, 3, self.image_size, self.image_size), self.device, generator)
 
     @property
     def _latent_shape(self) -> tuple[int, int, int]:
@@ -274,7 +275,7 @@ class WorldModel:
             return torch.zeros(shape, device=self.device)
         if self._frozen_target is not None:
             return self._frozen_target.clone()
-        return torch.randn(shape, generator=self._generator, device=self.device).clamp_(-EPS_CLAMP, EPS_CLAMP)
+        return gaussian_noise(shape, self.device, self._generator)
 
     # the session ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -296,10 +297,9 @@ class WorldModel:
         self._frozen_target = self._frozen_decode = None
         if self.frozen_noise != "none":  # a generator of their own: the per-step draws stay as without
             frozen = torch.Generator(self.device).manual_seed(seed ^ FROZEN_SEED_SALT)
-            draw = lambda shape: torch.randn(shape, generator=frozen, device=self.device).clamp_(-EPS_CLAMP, EPS_CLAMP)
-            self._frozen_decode = draw((n, 3, self.image_size, self.image_size))
+            self._frozen_decode = self._decoder_noise(n, frozen)
             if self.frozen_noise == "all" and self.config.dynamics_objective != "mse":
-                self._frozen_target = draw((n, 1, *self._latent_shape))
+                self._frozen_target = gaussian_noise((n, 1, *self._latent_shape), self.device, frozen)
         latents = self.encode(images)                                     # (N, K, L, h, w)
         a = self.normalize_actions(actions)
         leading = torch.cat([a[:, :1], a[:, :-1]], 1)                     # frame i was produced by a[i-1]
