@@ -67,11 +67,15 @@ class LockstepClient:
         return response
 
     def reset(self, seed: int) -> ResetWorld.Response:
+        """Reset and wait for the reset's own first frame and joint state (by stamp)."""
         response = self.client.call(ResetWorld, self.services.reset, ResetWorld.Request(seed=seed))
         assert response.success, response.message
+        stamp = stamp_ns(response.first_frame_stamp)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not (
-                self.images and stamp_ns(self.images[-1].header.stamp) == stamp_ns(response.first_frame_stamp)):
+        while not (self.images and stamp_ns(self.images[-1].header.stamp) == stamp
+                   and self.joints and stamp_ns(self.joints[-1].header.stamp) == stamp):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no image and joint state stamped {stamp} (the reset's first frame) within 10 s")
             time.sleep(0.01)
         return response
 

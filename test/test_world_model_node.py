@@ -10,6 +10,7 @@ import pytest
 from std_srvs.srv import SetBool
 
 from conformance import check_interface
+from iws_common.messages import stamp_ns
 from iws_common.profile import load_profile
 from iws_interfaces.srv import ResetWorld, StepWorld
 from ros_harness import LockstepClient
@@ -62,8 +63,10 @@ def test_reset_restores_the_start_window(world_model):
     world_model.reset(0)
     start = world_model.latest_pixels()
     world_model.step(3)
+    last_step_stamp = stamp_ns(world_model.images[-1].header.stamp)
     again = world_model.reset(0)
     assert again.success
+    assert stamp_ns(again.first_frame_stamp) > last_step_stamp, "a reset's first frame needs a stamp of its own"
     assert np.array_equal(world_model.latest_pixels(), start), "reset must republish the start window's frame"
 
 

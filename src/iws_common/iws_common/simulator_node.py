@@ -156,6 +156,11 @@ class SimulatorNode(Node):
             self.log_refusal("invalid", f"trajectory: {type(exc).__name__}: {exc}")
 
     # -- status and services ----------------------------------------------------------------
+    def start_new_frame_after_reset(self) -> None:
+        """A reset's first frame is a new frame: it takes the next period's stamp. With the last
+        step's stamp, a client waiting for the reset's stamp could take the old frame for the new."""
+        self.clock_ns += self.dt_ns
+
     def publish_clock(self):
         stamp = time_msg(self.clock_ns)
         self.pub_clock.publish(Clock(clock=stamp))

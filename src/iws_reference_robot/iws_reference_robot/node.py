@@ -89,6 +89,7 @@ class ReferenceRobotNode(SimulatorNode):
             return response
         self.sim.reset(seed)
         self.follower.reset(self.sim.joint_positions())
+        self.start_new_frame_after_reset()
         response.first_frame_stamp = self.publish_observation()
         response.success = True
         response.message = f"reset task {self.task} with seed {'next' if seed is None else seed}"

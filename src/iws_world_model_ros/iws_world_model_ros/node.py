@@ -240,6 +240,7 @@ class WorldModelNode(SimulatorNode):
                     seed = None if request.seed < 0 else int(request.seed)
                     self._reset_to_window(int(request.episode_index), seed)
                     response.message = f"reset to start window {request.episode_index % len(self.windows['images'])}"
+                self.start_new_frame_after_reset()
                 response.first_frame_stamp = self.publish_observation(self._last_image, self._last_joints)
             response.success = True
         except Exception as exc:  # noqa: BLE001 - a bad window is the client's problem, never the node's
