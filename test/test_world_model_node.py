@@ -108,6 +108,23 @@ def test_pause_blocks_stepping(world_model):
     world_model.step(2)
 
 
+def test_frozen_noise_parameter_overrides_the_model_config(start_backend, ros_client, tiny_world_model):
+    """The operator picks what a reset freezes at launch; WorldStatus names the override."""
+    from iws_interfaces.msg import WorldStatus
+    node = start_backend("world_model", mode="lockstep", model=str(tiny_world_model), threads=1, frozen_noise="all")
+    status = ros_client.wait_for(ros_client.collect(WorldStatus, PROFILE.topics.world_status), 1, timeout=60)[-1]
+    assert status.model_id == f"{tiny_world_model.name}+frozen_noise=all"
+    assert "frozen_noise=all" in node.output()
+
+    bad = start_backend("world_model", mode="lockstep", model=str(tiny_world_model), frozen_noise="sometimes")
+    bad.expected_exit = (1,)
+    deadline = time.monotonic() + 60
+    while bad.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not bad.alive()
+    assert "world_model: cannot start:" in bad.output() and "frozen_noise" in bad.output(), bad.output()[-2000:]
+
+
 @pytest.mark.parametrize("damage", ["missing", "truncated", "wrong_shapes"])
 def test_bad_model_is_a_clear_startup_error(start_backend, tiny_world_model, tmp_path, damage):
     model = tmp_path / "model"

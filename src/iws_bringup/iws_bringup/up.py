@@ -16,6 +16,7 @@ from pathlib import Path
 from iws_bringup.backends import BringupError, get_backend, load_ab, load_backends, node_parameters, ros_arguments
 from iws_common.isolation import DISCOVERY_RANGE, IsolationError, client_hint, simulator_environment
 from iws_common.profile import ProfileError, load_profile, normalize_namespace
+from iws_world_model.config import FROZEN_NOISE  # plain Python: no torch
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, help="initial-state seed")
     parser.add_argument("--model", help="world model checkpoint directory (default: the shipped models/push_t)")
     parser.add_argument("--threads", type=int, help="world model inference threads (default: bringup.yaml's)")
+    parser.add_argument("--frozen-noise", choices=FROZEN_NOISE,
+                        help="world model: what a reset draws once instead of every step (default: the model's own)")
     parser.add_argument("--namespace", help="prefix every profile topic and service, e.g. /sim (not with ab)")
     parser.add_argument("--allow-hardware-domain", action="store_true", default=None,
                         help="start even on the profile's hardware ROS domain (docs/safety.md)")
@@ -45,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         return policy_main(argv[1:])
     args = build_parser().parse_args(argv)
     overrides = {"task": args.task, "mode": args.mode, "seed": args.seed, "model": args.model, "threads": args.threads,
+                 "frozen_noise": args.frozen_noise,
                  "allow_hardware_domain": args.allow_hardware_domain, "allow_foreign_nodes": args.allow_foreign_nodes}
     try:
         profile = load_profile(args.robot)  # fail here, with the profile's own message, before any node starts

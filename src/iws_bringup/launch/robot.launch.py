@@ -22,6 +22,7 @@ ARGUMENTS = {
     "mode": ("", "realtime | lockstep (empty: bringup default)"),
     "seed": ("", "initial-state seed (empty: bringup default)"),
     "model": ("", "world model checkpoint directory (empty: the shipped models/push_t)"),
+    "frozen_noise": ("", "world model: none | decoder | all, what a reset draws once (empty: the model's own)"),
     "namespace": ("", "prefix for every profile topic and service, e.g. /sim (empty: none)"),
     "allow_hardware_domain": ("", "true: start even on the profile's hardware domain (docs/safety.md)"),
     "allow_foreign_nodes": ("", "true: start even beside another node on this robot's topics"),
@@ -33,7 +34,7 @@ def _start(context):
     backend = get_backend(value["backend"])
     if not backend.starts_a_node:
         return [LogInfo(msg=f"backend {backend.name}: {backend.description}; nothing started")]
-    overrides = {key: value[key] or None for key in ("task", "mode", "model", "namespace")}
+    overrides = {key: value[key] or None for key in ("task", "mode", "model", "frozen_noise", "namespace")}
     for key in ("allow_hardware_domain", "allow_foreign_nodes"):
         overrides[key] = value[key].lower() == "true" if value[key] else None
     overrides["seed"] = int(value["seed"]) if value["seed"] else None

@@ -47,6 +47,8 @@ class WorldModelNode(SimulatorNode):
         self.declare_parameter("threads", 1)
         self.declare_parameter("decode_steps", 0)
         self.declare_parameter("dynamics_steps", 0)  # 0 = the model's own
+        # What a reset draws once instead of every step ("" = the model's own config: none|decoder|all).
+        self.declare_parameter("frozen_noise", "")
         # Real-time tick rate; 0 = the profile's control rate. Each step still advances sim time by one
         # control period (what the model was trained on): the override measures capacity, e.g. at 15 Hz.
         # Dynamically typed so that `-p rate_hz:=15` (an integer on the command line) is accepted too.
@@ -62,6 +64,7 @@ class WorldModelNode(SimulatorNode):
         # torch and the model load here, so a bad profile or mode fails before the slow part.
         import torch
 
+        from iws_world_model.config import FROZEN_NOISE
         from iws_world_model.start_windows import load_start_windows, windows_from_dataset
         from iws_world_model.world_model import WorldModel, upscale
         threads = int(self.get_parameter("threads").value)
@@ -69,8 +72,13 @@ class WorldModelNode(SimulatorNode):
         torch.set_num_interop_threads(1)
         decode_steps = int(self.get_parameter("decode_steps").value) or None
         dynamics_steps = int(self.get_parameter("dynamics_steps").value) or None
+        frozen_noise = str(self.get_parameter("frozen_noise").value) or None
+        if frozen_noise is not None and frozen_noise not in FROZEN_NOISE:
+            raise ValueError(f"parameter frozen_noise must be one of {FROZEN_NOISE} (or empty: the model's own), "
+                             f"got '{frozen_noise}'")
         self.world = WorldModel.load(self.model_path, threads=threads, decode_steps=decode_steps,
-                                     dynamics_steps=dynamics_steps, max_command_step=self.profile.max_joint_step())
+                                     dynamics_steps=dynamics_steps, frozen_noise=frozen_noise,
+                                     max_command_step=self.profile.max_joint_step())
         self._upscale = upscale
         if self.world.joint_dim != self.profile.joints.count:
             raise ValueError(f"model {self.model_path} predicts {self.world.joint_dim} joints, "
@@ -82,6 +90,8 @@ class WorldModelNode(SimulatorNode):
         else:
             self.windows = load_start_windows(self.model_path)
         self.model_id = os.path.basename(os.path.normpath(self.model_path))
+        if frozen_noise is not None and frozen_noise != self.world.config.frozen_noise:
+            self.model_id += f"+frozen_noise={frozen_noise}"  # as checkpoint.model_identity names an override
 
         camera = self.profile.camera
         self.native = bool(self.get_parameter("native_resolution").value)
@@ -114,7 +124,8 @@ class WorldModelNode(SimulatorNode):
             f"world model up: model={self.model_path} profile={self.profile.name} mode={self.mode} "
             f"joint_states={self.profile.topics.joint_states} "
             f"model image {size}x{size} -> published {self.camera.width}x{self.camera.height} "
-            f"control={self.profile.control_rate_hz} Hz tick={self.target_rate_hz:g} Hz threads={threads}")
+            f"control={self.profile.control_rate_hz} Hz tick={self.target_rate_hz:g} Hz threads={threads} "
+            f"frozen_noise={self.world.frozen_noise}")
 
     # -- state ------------------------------------------------------------------------------
     def _reset_to_window(self, index: int, seed: int | None) -> None:
