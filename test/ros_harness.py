@@ -66,9 +66,10 @@ class LockstepClient:
         self.client.wait_for(self.images, before + n, timeout=10)
         return response
 
-    def reset(self, seed: int) -> ResetWorld.Response:
-        """Reset and wait for the reset's own first frame and joint state (by stamp)."""
-        response = self.client.call(ResetWorld, self.services.reset, ResetWorld.Request(seed=seed))
+    def reset(self, seed: int, **request) -> ResetWorld.Response:
+        """Reset (``request``: more ResetWorld fields, e.g. a window's images and joint_states) and
+        wait for the reset's own first frame and joint state (by stamp)."""
+        response = self.client.call(ResetWorld, self.services.reset, ResetWorld.Request(seed=seed, **request), timeout=60)
         assert response.success, response.message
         stamp = stamp_ns(response.first_frame_stamp)
         deadline = time.monotonic() + 10

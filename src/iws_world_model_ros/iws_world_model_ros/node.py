@@ -246,7 +246,8 @@ class WorldModelNode(SimulatorNode):
             with self.world_lock:
                 if len(request.images):
                     self._reset_to_supplied(request)
-                    response.message = f"reset to a supplied window of {len(request.images)} frames"
+                    response.message = (f"reset to a supplied window of {len(request.images)} frames, "
+                                        f"seed {'fresh' if request.seed < 0 else request.seed}")
                 else:
                     seed = None if request.seed < 0 else int(request.seed)
                     self._reset_to_window(int(request.episode_index), seed)
@@ -276,7 +277,8 @@ class WorldModelNode(SimulatorNode):
         if not np.all(np.isfinite(joints)):
             raise ValueError("joint states hold NaN or inf")
         # The commands that produced a supplied window are unknown: hold the observed positions.
-        self._start_from(images, joints, joints.copy(), None)
+        # The seed (< 0: a fresh one) fixes the model's noise, so an evaluation's rerun replays it.
+        self._start_from(images, joints, joints.copy(), None if request.seed < 0 else int(request.seed))
 
     def on_step(self, request: StepWorld.Request, response: StepWorld.Response) -> StepWorld.Response:
         refusal = self.step_refusal(int(request.num_steps))
