@@ -472,6 +472,20 @@ def test_evaluate_through_ros_from_matched_starts(backend, tiny_policy, tiny_wor
         assert result["scorer_agreement"] is not None
 
 
+@pytest.mark.parametrize("backend", ["reference", "world_model"])
+def test_a_rerun_replays_the_evaluation_frame_for_frame(backend, tiny_policy, tiny_world_model, tmp_path, monkeypatch):
+    """The world model's noise follows the episode's seed and no step overtakes the command sent
+    before it, so the same evaluation run twice sees the same frames on either backend."""
+    import iws_data.video
+    runs = []
+    monkeypatch.setattr(iws_data.video, "write_mp4", lambda frames, path, **kw: runs.append(np.stack(frames)))
+    for name in ("first", "again"):
+        evaluate(str(tiny_policy), backend, episodes=1, steps=8, seed=77, model=str(tiny_world_model),
+                 videos=1, out=tmp_path / name, progress=False)
+    assert len(runs) == 2 and runs[0].shape[0] == 9
+    assert np.array_equal(runs[0], runs[1]), [int(np.abs(a.astype(int) - b).max()) for a, b in zip(*runs)]
+
+
 def test_evaluation_continues_where_a_failed_run_stopped(tiny_policy, tmp_path, monkeypatch):
     first = evaluate(str(tiny_policy), "reference", episodes=2, steps=6, seed=91, out=tmp_path, progress=False)
     progress = tmp_path / "episodes.jsonl"

@@ -108,6 +108,21 @@ def test_reset_restores_initial_state(lockstep):
     assert not np.array_equal(lockstep.latest_pixels(), pixels), "another seed should give another scene"
 
 
+def test_a_step_waits_for_the_commands_sent_before_it(lockstep):
+    """min_commands_since_reset: a step that would overtake a command in flight refuses instead."""
+    lockstep.reset(4)
+    ask = StepWorld.Request(num_steps=1, min_commands_since_reset=1)
+    early = lockstep.client.call(StepWorld, S.step, ask)
+    assert not early.success and "waiting for commands" in early.message
+    assert early.commands_since_reset == 0
+    lockstep.send(np.asarray(PROFILE.joints.home) + 0.1, settle=0.0)
+    stepped = lockstep.client.call(StepWorld, S.step, ask)
+    assert stepped.success, stepped.message
+    assert stepped.step_count == early.step_count + 1 and stepped.commands_since_reset == 1
+    lockstep.reset(4)
+    assert not lockstep.client.call(StepWorld, S.step, ask).success, "the count must start again at a reset"
+
+
 def test_bad_commands_are_rejected_and_the_node_keeps_running(lockstep):
     home = np.asarray(PROFILE.joints.home)
     lockstep.send(home + 0.2)

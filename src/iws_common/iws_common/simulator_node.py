@@ -65,6 +65,9 @@ class SimulatorNode(Node):
         # monotonic across resets; starts at wall time like a real robot's.
         self.clock_ns = int(time.time()) * 1_000_000_000
         self.step_count = 0
+        # Position commands and trajectories received since the last reset, valid or not: a lockstep
+        # client steps with StepWorld's min_commands_since_reset so that a step cannot overtake them.
+        self.commands_since_reset = 0
         self.paused = False
         self.timer_stats = StepTimer()
 
@@ -143,6 +146,8 @@ class SimulatorNode(Node):
         except Exception as exc:  # noqa: BLE001 - no message may take the node down
             self.follower.rejected["invalid"] += 1
             self.log_refusal("invalid", f"position command: {type(exc).__name__}: {exc}")
+        finally:  # counted once in force: a step that waits for it must not run before
+            self.commands_since_reset += 1
 
     def on_trajectory(self, msg: JointTrajectory) -> None:
         try:
@@ -154,12 +159,16 @@ class SimulatorNode(Node):
         except Exception as exc:  # noqa: BLE001
             self.follower.rejected["invalid"] += 1
             self.log_refusal("invalid", f"trajectory: {type(exc).__name__}: {exc}")
+        finally:
+            self.commands_since_reset += 1
 
     # -- status and services ----------------------------------------------------------------
-    def start_new_frame_after_reset(self) -> None:
-        """A reset's first frame is a new frame: it takes the next period's stamp. With the last
-        step's stamp, a client waiting for the reset's stamp could take the old frame for the new."""
+    def begin_episode_after_reset(self) -> None:
+        """A reset's first frame is a new frame: it takes the next period's stamp (with the last
+        step's, a client waiting for the reset's stamp could take the old frame for the new one).
+        The count of commands received starts again."""
         self.clock_ns += self.dt_ns
+        self.commands_since_reset = 0
 
     def publish_clock(self):
         stamp = time_msg(self.clock_ns)
@@ -176,9 +185,12 @@ class SimulatorNode(Node):
         status.header.stamp = time_msg(self.clock_ns)
         self.pub_status.publish(status)
 
-    def step_refusal(self, num_steps: int) -> str:
-        """Why a StepWorld call cannot run now ("" when it can); logged, rate-limited, by kind."""
+    def step_refusal(self, num_steps: int, min_commands: int = 0) -> str:
+        """Why a StepWorld call cannot run now ("" when it can); logged, rate-limited, by kind.
+        Waiting for a client's commands is not logged: the client asks again until they arrive."""
         kind, message = "", ""
+        if self.mode == "lockstep" and not self.paused and self.commands_since_reset < min_commands:
+            return f"waiting for commands: {self.commands_since_reset} of {min_commands} received since the reset"
         if self.mode != "lockstep":
             kind, message = "step_realtime", "StepWorld needs mode:=lockstep (this node runs in realtime)"
         elif self.paused:

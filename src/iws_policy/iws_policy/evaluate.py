@@ -45,9 +45,8 @@ from iws_common.profile import default_model_dir
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 
-# The head start a command gets over the StepWorld call that follows it: on one host DDS delivers
-# it in well under a millisecond, and the world model serves commands and services on other threads.
-COMMAND_SETTLE_S = 0.005
+# How long a step waits for the command published before it (StepWorld's min_commands_since_reset).
+COMMAND_ARRIVAL_TIMEOUT_S = 10.0
 
 
 LOST_FRAMES = 5  # the object unfound this many frames in a row (0.5 s at 10 Hz): lost from then on
@@ -160,6 +159,7 @@ class BackendSession:
         self.command = self.client.publisher(Float64MultiArray, topics.position_command)
         self._command_type = Float64MultiArray
         self._step_client = None
+        self.commands_sent = 0  # since the last reset: each step waits until the backend has them all
 
     def wait_ready(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
@@ -194,11 +194,11 @@ class BackendSession:
 
     def send(self, command: np.ndarray) -> None:
         self.command.publish(self._command_type(data=[float(v) for v in command]))
-        # Commands and StepWorld travel on different channels: give the command a head start.
-        # (Waiting for the reliable writer's acknowledgement costs Fast DDS's 3 s heartbeat.)
-        time.sleep(COMMAND_SETTLE_S)
+        self.commands_sent += 1
 
     def step(self) -> int:
+        """One step, once the backend has every command sent since the reset (commands travel on
+        their own topic and could arrive after the step: a rerun would then not replay the run)."""
         from iws_common.messages import stamp_ns as to_ns
         from iws_interfaces.srv import StepWorld
 
@@ -206,16 +206,25 @@ class BackendSession:
             self._step_client = self.client.node.create_client(StepWorld, self.profile.services.step)
             if not self._step_client.wait_for_service(timeout_sec=30):
                 raise EvaluationError(f"{self.profile.services.step} not available")
-        future = self._step_client.call_async(StepWorld.Request(num_steps=1))
-        deadline = time.monotonic() + 30
-        while not future.done():
-            if time.monotonic() > deadline or not self.node.alive():
-                raise EvaluationError(f"StepWorld unanswered:\n{self.node.output()[-2000:]}")
+        request = StepWorld.Request(num_steps=1, min_commands_since_reset=self.commands_sent)
+        commands_due = time.monotonic() + COMMAND_ARRIVAL_TIMEOUT_S
+        while True:
+            future = self._step_client.call_async(request)
+            deadline = time.monotonic() + 30
+            while not future.done():
+                if time.monotonic() > deadline or not self.node.alive():
+                    raise EvaluationError(f"StepWorld unanswered:\n{self.node.output()[-2000:]}")
+                time.sleep(0.0005)
+            response = future.result()
+            if response.success:
+                return to_ns(response.sim_time)
+            if response.commands_since_reset >= self.commands_sent:
+                raise EvaluationError(f"StepWorld refused: {response.message}")
+            if time.monotonic() > commands_due:
+                raise EvaluationError(f"{self.backend} received {response.commands_since_reset} of the "
+                                      f"{self.commands_sent} commands sent since the reset within "
+                                      f"{COMMAND_ARRIVAL_TIMEOUT_S:.0f} s")
             time.sleep(0.0005)
-        response = future.result()
-        if not response.success:
-            raise EvaluationError(f"StepWorld refused: {response.message}")
-        return to_ns(response.sim_time)
 
     def reset(self, seed: int, window: dict | None) -> int:
         from sensor_msgs.msg import JointState
@@ -232,6 +241,7 @@ class BackendSession:
         response = self.client.call(ResetWorld, self.profile.services.reset, request)
         if not response.success:
             raise EvaluationError(f"ResetWorld refused: {response.message}")
+        self.commands_sent = 0
         return to_ns(response.first_frame_stamp)
 
     def close(self) -> None:

@@ -89,7 +89,7 @@ class ReferenceRobotNode(SimulatorNode):
             return response
         self.sim.reset(seed)
         self.follower.reset(self.sim.joint_positions())
-        self.start_new_frame_after_reset()
+        self.begin_episode_after_reset()
         response.first_frame_stamp = self.publish_observation()
         response.success = True
         response.message = f"reset task {self.task} with seed {'next' if seed is None else seed}"
@@ -97,7 +97,8 @@ class ReferenceRobotNode(SimulatorNode):
         return response
 
     def on_step(self, request: StepWorld.Request, response: StepWorld.Response) -> StepWorld.Response:
-        refusal = self.step_refusal(int(request.num_steps))
+        received = self.commands_since_reset  # read before the check: a refusal then reports what it saw
+        refusal = self.step_refusal(int(request.num_steps), int(request.min_commands_since_reset))
         if refusal:
             response.success, response.message = False, refusal
         else:
@@ -107,6 +108,7 @@ class ReferenceRobotNode(SimulatorNode):
             self.publish_status()
         response.sim_time = time_msg(self.clock_ns)
         response.step_count = self.step_count
+        response.commands_since_reset = received
         return response
 
     def destroy_node(self) -> None:

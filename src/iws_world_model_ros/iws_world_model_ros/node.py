@@ -252,7 +252,7 @@ class WorldModelNode(SimulatorNode):
                     seed = None if request.seed < 0 else int(request.seed)
                     self._reset_to_window(int(request.episode_index), seed)
                     response.message = f"reset to start window {request.episode_index % len(self.windows['images'])}"
-                self.start_new_frame_after_reset()
+                self.begin_episode_after_reset()
                 response.first_frame_stamp = self.publish_observation(self._last_image, self._last_joints)
             response.success = True
         except Exception as exc:  # noqa: BLE001 - a bad window is the client's problem, never the node's
@@ -281,7 +281,8 @@ class WorldModelNode(SimulatorNode):
         self._start_from(images, joints, joints.copy(), None if request.seed < 0 else int(request.seed))
 
     def on_step(self, request: StepWorld.Request, response: StepWorld.Response) -> StepWorld.Response:
-        refusal = self.step_refusal(int(request.num_steps))
+        received = self.commands_since_reset  # read before the check: a refusal then reports what it saw
+        refusal = self.step_refusal(int(request.num_steps), int(request.min_commands_since_reset))
         if refusal:
             response.success, response.message = False, refusal
         else:
@@ -295,6 +296,7 @@ class WorldModelNode(SimulatorNode):
             self.publish_status()
         response.sim_time = time_msg(self.clock_ns)
         response.step_count = self.step_count
+        response.commands_since_reset = received
         return response
 
     def destroy_node(self) -> None:
