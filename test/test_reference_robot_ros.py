@@ -101,7 +101,8 @@ def test_reset_restores_initial_state(lockstep):
     assert np.abs(lockstep.latest_joints() - joints).max() > 0.2
     last_step_stamp = stamp_ns(lockstep.images[-1].header.stamp)
     second = lockstep.reset(11)
-    assert stamp_ns(second.first_frame_stamp) > last_step_stamp, "a reset's first frame needs a stamp of its own"
+    assert stamp_ns(first.first_frame_stamp) < last_step_stamp < stamp_ns(second.first_frame_stamp), \
+        "the clock must not go back on reset, and a reset's first frame needs a stamp of its own"
     np.testing.assert_allclose(lockstep.latest_joints(), joints, atol=1e-9)
     assert np.array_equal(lockstep.latest_pixels(), pixels)
     lockstep.reset(12)
