@@ -64,7 +64,6 @@ class WorldModelNode(SimulatorNode):
         # torch and the model load here, so a bad profile or mode fails before the slow part.
         import torch
 
-        from iws_world_model.config import FROZEN_NOISE
         from iws_world_model.start_windows import load_start_windows, windows_from_dataset
         from iws_world_model.world_model import WorldModel, upscale
         threads = int(self.get_parameter("threads").value)
@@ -72,10 +71,7 @@ class WorldModelNode(SimulatorNode):
         torch.set_num_interop_threads(1)
         decode_steps = int(self.get_parameter("decode_steps").value) or None
         dynamics_steps = int(self.get_parameter("dynamics_steps").value) or None
-        frozen_noise = str(self.get_parameter("frozen_noise").value) or None
-        if frozen_noise is not None and frozen_noise not in FROZEN_NOISE:
-            raise ValueError(f"parameter frozen_noise must be one of {FROZEN_NOISE} (or empty: the model's own), "
-                             f"got '{frozen_noise}'")
+        frozen_noise = str(self.get_parameter("frozen_noise").value) or None  # checked by WorldModel's config
         self.world = WorldModel.load(self.model_path, threads=threads, decode_steps=decode_steps,
                                      dynamics_steps=dynamics_steps, frozen_noise=frozen_noise,
                                      max_command_step=self.profile.max_joint_step())
@@ -243,13 +239,14 @@ class WorldModelNode(SimulatorNode):
     # -- services ---------------------------------------------------------------------------
     def on_reset(self, request: ResetWorld.Request, response: ResetWorld.Response) -> ResetWorld.Response:
         try:
+            # The seed (< 0: a fresh one) fixes the model's noise, so an evaluation's rerun replays it.
+            seed = None if request.seed < 0 else int(request.seed)
             with self.world_lock:
                 if len(request.images):
-                    self._reset_to_supplied(request)
+                    self._reset_to_supplied(request, seed)
                     response.message = (f"reset to a supplied window of {len(request.images)} frames, "
-                                        f"seed {'fresh' if request.seed < 0 else request.seed}")
+                                        f"seed {'fresh' if seed is None else seed}")
                 else:
-                    seed = None if request.seed < 0 else int(request.seed)
                     self._reset_to_window(int(request.episode_index), seed)
                     response.message = f"reset to start window {request.episode_index % len(self.windows['images'])}"
                 self.begin_episode_after_reset()
@@ -261,7 +258,7 @@ class WorldModelNode(SimulatorNode):
         self.publish_status()
         return response
 
-    def _reset_to_supplied(self, request: ResetWorld.Request) -> None:
+    def _reset_to_supplied(self, request: ResetWorld.Request, seed: int | None) -> None:
         if len(request.joint_states) != len(request.images):
             raise ValueError(f"{len(request.images)} images but {len(request.joint_states)} joint states")
         names = list(self.profile.joints.names)
@@ -277,8 +274,7 @@ class WorldModelNode(SimulatorNode):
         if not np.all(np.isfinite(joints)):
             raise ValueError("joint states hold NaN or inf")
         # The commands that produced a supplied window are unknown: hold the observed positions.
-        # The seed (< 0: a fresh one) fixes the model's noise, so an evaluation's rerun replays it.
-        self._start_from(images, joints, joints.copy(), None if request.seed < 0 else int(request.seed))
+        self._start_from(images, joints, joints.copy(), seed)
 
     def on_step(self, request: StepWorld.Request, response: StepWorld.Response) -> StepWorld.Response:
         received = self.commands_since_reset  # read before the check: a refusal then reports what it saw
