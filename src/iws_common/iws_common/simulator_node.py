@@ -3,8 +3,8 @@
 A backend is a node that serves a robot profile's interface: it holds the commanded joint target
 the way ros2_control's controllers do (``JointCommandFollower``), keeps one integer-nanosecond
 clock, publishes /clock and WorldStatus, logs each kind of rejected command at most once per
-second, and serves ResetWorld, StepWorld and pause. Subclasses implement ``on_reset`` and
-``on_step`` (and whatever advances their world).
+second, and serves ResetWorld, StepWorld and pause. Subclasses implement ``on_reset`` and ``run_steps``
+(and whatever advances their world).
 """
 from __future__ import annotations
 
@@ -211,5 +211,22 @@ class SimulatorNode(Node):
     def on_reset(self, request, response):
         raise NotImplementedError
 
-    def on_step(self, request, response):
+    def on_step(self, request: StepWorld.Request, response: StepWorld.Response) -> StepWorld.Response:
+        """Check the request, run the steps (``run_steps``), report the clock and counts either way."""
+        received = self.commands_since_reset  # read before the check: a refusal then reports what it saw
+        refusal = self.step_refusal(int(request.num_steps), int(request.min_commands_since_reset))
+        if refusal:
+            response.success, response.message = False, refusal
+        else:
+            stepped = self.run_steps(int(request.num_steps))
+            response.success = stepped == request.num_steps
+            response.message = f"stepped {stepped}" + ("" if response.success else " (paused during the call)")
+            self.publish_status()
+        response.sim_time = time_msg(self.clock_ns)
+        response.step_count = self.step_count
+        response.commands_since_reset = received
+        return response
+
+    def run_steps(self, num_steps: int) -> int:
+        """Advance the world num_steps control periods now; return how many ran."""
         raise NotImplementedError

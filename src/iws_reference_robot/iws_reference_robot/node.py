@@ -16,11 +16,10 @@ from rclpy.executors import SingleThreadedExecutor
 from sensor_msgs.msg import CameraInfo, Image, JointState
 
 from iws_common import qos
-from iws_common.messages import time_msg
 from iws_common.run import run_node
 from iws_common.simulator_node import SimulatorNode
 from iws_interfaces.msg import TaskState
-from iws_interfaces.srv import ResetWorld, StepWorld
+from iws_interfaces.srv import ResetWorld
 from iws_reference_robot.observation import ObservationMessages
 
 
@@ -96,20 +95,10 @@ class ReferenceRobotNode(SimulatorNode):
         self.publish_status()
         return response
 
-    def on_step(self, request: StepWorld.Request, response: StepWorld.Response) -> StepWorld.Response:
-        received = self.commands_since_reset  # read before the check: a refusal then reports what it saw
-        refusal = self.step_refusal(int(request.num_steps), int(request.min_commands_since_reset))
-        if refusal:
-            response.success, response.message = False, refusal
-        else:
-            for _ in range(int(request.num_steps)):
-                self.advance()
-            response.success, response.message = True, f"stepped {request.num_steps}"
-            self.publish_status()
-        response.sim_time = time_msg(self.clock_ns)
-        response.step_count = self.step_count
-        response.commands_since_reset = received
-        return response
+    def run_steps(self, num_steps: int) -> int:
+        for _ in range(num_steps):
+            self.advance()
+        return num_steps
 
     def destroy_node(self) -> None:
         if hasattr(self, "sim"):  # absent when start-up was refused

@@ -25,11 +25,11 @@ from sensor_msgs.msg import CameraInfo, Image, JointState
 
 from iws_common import qos
 from iws_common.image_conversion import convert_encoding, image_to_numpy, numpy_to_image
-from iws_common.messages import camera_info_msg, time_msg
+from iws_common.messages import camera_info_msg
 from iws_common.profile import default_model_dir
 from iws_common.run import run_node
 from iws_common.simulator_node import SimulatorNode
-from iws_interfaces.srv import ResetWorld, StepWorld
+from iws_interfaces.srv import ResetWorld
 
 
 GIL_SWITCH_INTERVAL_S = 1e-4
@@ -276,24 +276,13 @@ class WorldModelNode(SimulatorNode):
         # The commands that produced a supplied window are unknown: hold the observed positions.
         self._start_from(images, joints, joints.copy(), seed)
 
-    def on_step(self, request: StepWorld.Request, response: StepWorld.Response) -> StepWorld.Response:
-        received = self.commands_since_reset  # read before the check: a refusal then reports what it saw
-        refusal = self.step_refusal(int(request.num_steps), int(request.min_commands_since_reset))
-        if refusal:
-            response.success, response.message = False, refusal
-        else:
-            done = threading.Event()
-            before = self.step_count
-            self._requests.put((int(request.num_steps), done))
-            done.wait()
-            stepped = self.step_count - before
-            response.success = stepped == request.num_steps
-            response.message = f"stepped {stepped}" + ("" if response.success else " (paused during the call)")
-            self.publish_status()
-        response.sim_time = time_msg(self.clock_ns)
-        response.step_count = self.step_count
-        response.commands_since_reset = received
-        return response
+    def run_steps(self, num_steps: int) -> int:
+        """On the inference thread, which owns the model; a pause during the call stops it early."""
+        done = threading.Event()
+        before = self.step_count
+        self._requests.put((num_steps, done))
+        done.wait()
+        return self.step_count - before
 
     def destroy_node(self) -> None:
         self._running = False
