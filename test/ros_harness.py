@@ -14,7 +14,6 @@ from pathlib import Path
 import time
 
 import numpy as np
-from rclpy.duration import Duration
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
@@ -58,10 +57,23 @@ class LockstepClient:
         self.trajectory = client.publisher(JointTrajectory, T.trajectory_command)
         client.wait_for_subscribers(self.command)
         client.wait_for_subscribers(self.trajectory)
+        self.commands_sent = 0  # position commands sent by send() since the last reset()
 
     def step(self, n: int = 1) -> StepWorld.Response:
+        """Step n periods once every command sent since the reset is in force (a command and
+        StepWorld travel on different channels: ``min_commands_since_reset`` keeps the step from
+        overtaking it; while one is in flight the backend refuses and the call is made again)."""
         before = len(self.images)
-        response = self.client.call(StepWorld, self.services.step, StepWorld.Request(num_steps=n))
+        request = StepWorld.Request(num_steps=n, min_commands_since_reset=self.commands_sent)
+        deadline = time.monotonic() + 10
+        while True:
+            response = self.client.call(StepWorld, self.services.step, request)
+            if response.success or response.commands_since_reset >= self.commands_sent:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.commands_sent} commands sent since the reset, the backend has "
+                                   f"{response.commands_since_reset} after 10 s")
+            time.sleep(0.005)
         assert response.success, response.message
         self.client.wait_for(self.images, before + n, timeout=10)
         return response
@@ -71,6 +83,7 @@ class LockstepClient:
         wait for the reset's own first frame and joint state (by stamp)."""
         response = self.client.call(ResetWorld, self.services.reset, ResetWorld.Request(seed=seed, **request), timeout=60)
         assert response.success, response.message
+        self.commands_sent = 0
         stamp = stamp_ns(response.first_frame_stamp)
         deadline = time.monotonic() + 10
         while not (self.images and stamp_ns(self.images[-1].header.stamp) == stamp
@@ -80,12 +93,11 @@ class LockstepClient:
             time.sleep(0.01)
         return response
 
-    def send(self, values, settle: float = 0.1) -> None:
-        """Publish a command and wait until the backend's DDS reader acknowledged it: commands and
-        StepWorld travel on different channels, and a loaded machine can delay either."""
+    def send(self, values, settle: float = 0.0) -> None:
+        """Publish a command; the next ``step`` waits until the backend has it. ``settle``: seconds
+        to wait after it, for another subscriber (a recorder) to receive it before the step's frame."""
         self.command.publish(Float64MultiArray(data=[float(v) for v in values]))
-        if not self.command.wait_for_all_acked(Duration(seconds=10)):
-            raise TimeoutError("the backend did not acknowledge the command within 10 s")
+        self.commands_sent += 1
         time.sleep(settle)
 
     def step_until_at(self, target, atol: float = 0.05, max_steps: int = 60) -> int:

@@ -116,9 +116,8 @@ def test_a_step_waits_for_the_commands_sent_before_it(lockstep):
     early = lockstep.client.call(StepWorld, S.step, ask)
     assert not early.success and "waiting for commands" in early.message
     assert early.commands_since_reset == 0
-    lockstep.send(np.asarray(PROFILE.joints.home) + 0.1, settle=0.0)
-    stepped = lockstep.client.call(StepWorld, S.step, ask)
-    assert stepped.success, stepped.message
+    lockstep.send(np.asarray(PROFILE.joints.home) + 0.1)
+    stepped = lockstep.step(1)  # asks with min_commands_since_reset=1 again while the command is in flight
     assert stepped.step_count == early.step_count + 1 and stepped.commands_since_reset == 1
     lockstep.reset(4)
     assert not lockstep.client.call(StepWorld, S.step, ask).success, "the count must start again at a reset"
@@ -129,10 +128,10 @@ def test_bad_commands_are_rejected_and_the_node_keeps_running(lockstep):
     lockstep.send(home + 0.2)
     lockstep.step_until_at(home + 0.2, atol=1e-3)
     good = lockstep.latest_joints()
-    lockstep.send([float("nan"), 0.0, 0.0], settle=0.0)
-    lockstep.send([float("inf"), 0.0, 0.0], settle=0.0)
-    lockstep.send([0.1, 0.2], settle=0.0)
-    lockstep.send([], settle=0.0)
+    lockstep.send([float("nan"), 0.0, 0.0], )
+    lockstep.send([float("inf"), 0.0, 0.0], )
+    lockstep.send([0.1, 0.2], )
+    lockstep.send([], )
     names = list(PROFILE.joints.names)
     bad_name = JointTrajectory(joint_names=names[:-1] + ["not_a_joint"],
                                points=[JointTrajectoryPoint(positions=[0.0] * 3, time_from_start=Duration(sec=1))])

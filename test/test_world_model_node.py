@@ -94,9 +94,9 @@ def test_a_supplied_window_and_seed_replay_the_same_rollout(world_model, tiny_wo
 
 
 def test_bad_commands_are_rejected_and_the_node_keeps_running(world_model):
-    world_model.send([float("nan"), 0.0, 0.0], settle=0.0)
-    world_model.send([0.1, 0.2], settle=0.0)
-    world_model.send(np.asarray(PROFILE.joints.upper) + 5.0, settle=0.3)
+    world_model.send([float("nan"), 0.0, 0.0])
+    world_model.send([0.1, 0.2])
+    world_model.send(np.asarray(PROFILE.joints.upper) + 5.0)
     world_model.step(3)
     world_model.client.wait_for(world_model.status, 1)
     deadline = time.monotonic() + 5
