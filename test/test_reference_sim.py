@@ -189,14 +189,33 @@ def test_memoryless_expert_answers_the_same_state_alike_whatever_came_before(pus
     np.testing.assert_array_equal(worked.act(state, q), fresh.act(state, q))
 
 
-def test_memoryless_mix_is_push_t_only(profile):
+@pytest.mark.parametrize("kind", ["memoryless", "wandering"])
+def test_push_t_only_mixes_refuse_other_tasks(profile, kind):
     from iws_data.collect import make_policy
     sim = ReferenceSim(profile, "rope", seed=0)
     try:
         with pytest.raises(ValueError, match="push_t's expert only"):
-            make_policy("memoryless", "rope", sim)
+            make_policy(kind, "rope", sim)
     finally:
         sim.close()
+
+
+def test_wandering_expert_pushes_the_t_to_its_own_targets_away_from_the_goal(push_sim):
+    """Purposeful pushes that end anywhere: it reaches a target of its own, then takes another."""
+    from iws_reference_robot.tasks import PushT, t_overlap
+    push_sim.reset(1000)
+    expert = make_expert("push_t_wandering", push_sim)
+    expert.reset(np.random.default_rng(1000))
+    first = expert.target.copy()
+    assert t_overlap(first, PushT.GOAL) < expert.GOAL_CLEARANCE
+    best = 0.0
+    for _ in range(200):
+        push_sim.step(expert.act(push_sim.task_state(), push_sim.joint_positions()))
+        best = max(best, t_overlap(push_sim.task_state().object_poses[0], first))
+        if not np.array_equal(expert.target, first):
+            break
+    assert best >= expert.REACHED, f"best overlap with its first target {best:.2f}"
+    assert not np.array_equal(expert.target, first), "a reached target is replaced by a new one"
 
 
 def test_experts_limit_pusher_step(push_sim):

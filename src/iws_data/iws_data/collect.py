@@ -67,10 +67,11 @@ def parse_mix(text: str) -> dict[str, float]:
 
 
 # --mix names -> iws_reference_robot.experts names ("expert" is the task's own scripted expert;
-# "policy" is the trained policy given by --policy; "memoryless" push_t's expert without hysteresis).
+# "policy" is the trained policy given by --policy; "memoryless" push_t's expert without hysteresis;
+# "wandering" push_t's expert pushing the T to random poses instead of the goal).
 POLICIES = {"expert": None, "random": "smooth_random", "contact": "contact_seeking", "policy": None,
-            "memoryless": "push_t_memoryless"}
-TASK_ONLY = {"memoryless": "push_t"}  # --mix names that exist for one task
+            "memoryless": "push_t_memoryless", "wandering": "push_t_wandering"}
+TASK_ONLY = {"memoryless": "push_t", "wandering": "push_t"}  # --mix names that exist for one task
 
 
 class CheckpointPlayer:

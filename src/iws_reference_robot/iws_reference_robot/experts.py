@@ -6,12 +6,13 @@ branch switch would swing the whole arm through the workspace.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from .scene import PUSHER_RADIUS
-from .tasks import T_BOXES, Rope, TaskState, distance_to_boxes, rot2, to_local, wrap_angle
+from .tasks import T_BOXES, PushT, Rope, TaskState, distance_to_boxes, rot2, t_overlap, to_local, wrap_angle
 
 # Where the pusher may go: reachable on elbow branch +1 and fully in the camera view.
 PUSHER_X = (-0.25, 0.25)
@@ -208,6 +209,38 @@ class MemorylessPushTExpert(PushTExpert):
         self.banned[:] = 0
         self.history.clear()
         return super().act(task_state, joint_positions)
+
+
+class WanderingPushTExpert(PushTExpert):
+    """PushTExpert pushing the T to poses of its own instead of the goal, a new one each time it
+    gets there: purposeful pushes that end anywhere. In play data where the only purposeful pusher
+    always pushes to the goal, a world model learns "pushed T goes to the goal" as its prior for
+    any contact (docs/results/world_model_experiments.md, "The goal as an attractor")."""
+
+    REACHED = 0.9          # overlap with its target at which it picks the next one
+    GOAL_CLEARANCE = 0.2   # targets overlap the task's goal less than this (as the start states)
+
+    def reset(self, rng: np.random.Generator) -> None:
+        super().reset(rng)
+        self.target = self._new_target()
+
+    def _new_target(self) -> np.ndarray:
+        for _ in range(100):
+            pose = np.array([self.rng.uniform(*PushT.INIT_X), self.rng.uniform(*PushT.INIT_Y),
+                             self.rng.uniform(-np.pi, np.pi)])
+            if t_overlap(pose, PushT.GOAL) < self.GOAL_CLEARANCE:
+                break
+        return pose
+
+    def act(self, task_state: TaskState, joint_positions: np.ndarray) -> np.ndarray:
+        pose = task_state.object_poses[0]
+        if t_overlap(pose, self.target) >= self.REACHED:
+            self.target = self._new_target()
+            self.current = None
+        score = t_overlap(pose, self.target)
+        retargeted = dataclasses.replace(task_state, goal_pose=self.target.copy(), score=score,
+                                         success=score >= self.REACHED)
+        return super().act(retargeted, joint_positions)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -621,6 +654,7 @@ class ContactSeeking(Expert):
 EXPERTS = {
     "push_t": PushTExpert,
     "push_t_memoryless": MemorylessPushTExpert,
+    "push_t_wandering": WanderingPushTExpert,
     "rope": RopeExpert,
     "pile": PileExpert,
     "smooth_random": SmoothRandomMotion,
