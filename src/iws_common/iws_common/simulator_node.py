@@ -8,8 +8,10 @@ second, and serves ResetWorld, StepWorld and pause. Subclasses implement ``on_re
 """
 from __future__ import annotations
 
+import threading
 import time
 
+import numpy as np
 from rclpy.node import Node
 from rosgraph_msgs.msg import Clock
 from std_msgs.msg import Float64MultiArray
@@ -68,6 +70,10 @@ class SimulatorNode(Node):
         # Position commands and trajectories received since the last reset, valid or not: a lockstep
         # client steps with StepWorld's min_commands_since_reset so that a step cannot overtake them.
         self.commands_since_reset = 0
+        # The follower and the count: in the world model, commands arrive on executor threads while
+        # its inference thread steps; a command lands wholly before or after a step's sample, never
+        # halfway (a trajectory finishing in the step could otherwise overwrite a new command).
+        self.command_lock = threading.Lock()
         self.paused = False
         self.timer_stats = StepTimer()
 
@@ -136,31 +142,45 @@ class SimulatorNode(Node):
         self.log_refusal(exc.kind, f"command: {exc}")
 
     def on_position_command(self, msg: Float64MultiArray) -> None:
-        try:
-            before = self.follower.clamped
-            self.follower.set_position_command(msg.data)
-            if self.follower.clamped != before and self.rejection_log.should_log("clamped")[0]:
-                self.get_logger().warning("position command beyond joint limits: clamped to the limits")
-        except CommandRejected as exc:
-            self.log_rejection(exc)
-        except Exception as exc:  # noqa: BLE001 - no message may take the node down
-            self.follower.rejected["invalid"] += 1
-            self.log_refusal("invalid", f"position command: {type(exc).__name__}: {exc}")
-        finally:  # counted once in force: a step that waits for it must not run before
-            self.commands_since_reset += 1
+        with self.command_lock:
+            try:
+                before = self.follower.clamped
+                self.follower.set_position_command(msg.data)
+                if self.follower.clamped != before and self.rejection_log.should_log("clamped")[0]:
+                    self.get_logger().warning("position command beyond joint limits: clamped to the limits")
+            except CommandRejected as exc:
+                self.log_rejection(exc)
+            except Exception as exc:  # noqa: BLE001 - no message may take the node down
+                self.follower.rejected["invalid"] += 1
+                self.log_refusal("invalid", f"position command: {type(exc).__name__}: {exc}")
+            finally:  # counted once in force: a step that waits for it must not run before
+                self.commands_since_reset += 1
 
     def on_trajectory(self, msg: JointTrajectory) -> None:
-        try:
-            times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in msg.points]
-            self.follower.set_trajectory(msg.joint_names, times, [p.positions for p in msg.points],
-                                         now=self.clock_ns * 1e-9)
-        except CommandRejected as exc:
-            self.log_rejection(exc)
-        except Exception as exc:  # noqa: BLE001
-            self.follower.rejected["invalid"] += 1
-            self.log_refusal("invalid", f"trajectory: {type(exc).__name__}: {exc}")
-        finally:
-            self.commands_since_reset += 1
+        with self.command_lock:
+            try:
+                times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in msg.points]
+                self.follower.set_trajectory(msg.joint_names, times, [p.positions for p in msg.points],
+                                             now=self.clock_ns * 1e-9)
+            except CommandRejected as exc:
+                self.log_rejection(exc)
+            except Exception as exc:  # noqa: BLE001
+                self.follower.rejected["invalid"] += 1
+                self.log_refusal("invalid", f"trajectory: {type(exc).__name__}: {exc}")
+            finally:
+                self.commands_since_reset += 1
+
+    def follow_commands(self) -> tuple[np.ndarray, np.ndarray]:
+        """Advance the follower one period at the current clock. Returns the velocity-limited
+        setpoint (what a position drive follows) and the target in force (a world model's action)."""
+        with self.command_lock:
+            setpoint = self.follower.step(self.clock_ns * 1e-9, self.dt).copy()
+            return setpoint, self.follower.target.copy()
+
+    def reset_follower(self, position) -> None:
+        """Hold ``position``: a reset's start, forgetting any command or trajectory in force."""
+        with self.command_lock:
+            self.follower.reset(position)
 
     # -- status and services ----------------------------------------------------------------
     def begin_episode_after_reset(self) -> None:
@@ -168,7 +188,8 @@ class SimulatorNode(Node):
         step's, a client waiting for the reset's stamp could take the old frame for the new one).
         The count of commands received starts again."""
         self.clock_ns += self.dt_ns
-        self.commands_since_reset = 0
+        with self.command_lock:
+            self.commands_since_reset = 0
 
     def publish_clock(self):
         stamp = time_msg(self.clock_ns)

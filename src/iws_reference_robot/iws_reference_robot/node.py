@@ -36,7 +36,7 @@ class ReferenceRobotNode(SimulatorNode):
         self.model_id = f"mujoco:{self.task}"
         self.sim = ReferenceSim(self.profile, task=self.task, seed=self.seed)
         self.sim.reset(self.seed)
-        self.follower.reset(self.sim.joint_positions())
+        self.reset_follower(self.sim.joint_positions())
 
         topics, camera = self.profile.topics, self.profile.camera
         self.observation = ObservationMessages(self.profile)
@@ -60,7 +60,7 @@ class ReferenceRobotNode(SimulatorNode):
     def advance(self) -> None:
         """One control step: follow the command, run the physics, publish the new observation."""
         started = time.perf_counter()
-        setpoint = self.follower.step(self.clock_ns * 1e-9, self.dt)
+        setpoint, _ = self.follow_commands()
         self.sim.step(setpoint)
         self.clock_ns += self.dt_ns
         self.step_count += 1
@@ -87,7 +87,7 @@ class ReferenceRobotNode(SimulatorNode):
             self.log_refusal("reset", response.message)
             return response
         self.sim.reset(seed)
-        self.follower.reset(self.sim.joint_positions())
+        self.reset_follower(self.sim.joint_positions())
         self.begin_episode_after_reset()
         response.first_frame_stamp = self.publish_observation()
         response.success = True

@@ -132,7 +132,7 @@ class WorldModelNode(SimulatorNode):
 
     def _start_from(self, images, joints, actions, seed) -> None:
         self.world.reset(images, joints, actions, seed=seed)
-        self.follower.reset(actions[-1])
+        self.reset_follower(actions[-1])
         self._last_image = self._camera_image(np.asarray(images[-1]))
         self._last_joints = np.asarray(joints[-1], dtype=np.float64)
         self.last_joints = None
@@ -151,8 +151,7 @@ class WorldModelNode(SimulatorNode):
         not before ``release_at`` (time.monotonic()), so that frames leave at a steady rate."""
         started = time.perf_counter()
         with self.world_lock:
-            self.follower.step(self.clock_ns * 1e-9, self.dt)  # samples a running trajectory
-            action = self.follower.target.copy()
+            _, action = self.follow_commands()  # the target in force (a running trajectory sampled)
             image, joints = self.world.step(action)
             self.clock_ns += self.dt_ns
             self.step_count += 1
