@@ -213,9 +213,10 @@ class MemorylessPushTExpert(PushTExpert):
 
 class WanderingPushTExpert(PushTExpert):
     """PushTExpert pushing the T to poses of its own instead of the goal, a new one each time it
-    gets there: purposeful pushes that end anywhere. In play data where the only purposeful pusher
-    always pushes to the goal, a world model learns "pushed T goes to the goal" as its prior for
-    any contact (docs/results/world_model_experiments.md, "The goal as an attractor")."""
+    gets there: purposeful pushes that end anywhere, as play data. Written to test whether a world
+    model redraws a pushed T on the goal because the expert's pushes always end there; added to
+    push_t's play it did not weaken that pull (docs/results/world_model_experiments.md, "Pushes that
+    end anywhere")."""
 
     REACHED = 0.9          # overlap with its target at which it picks the next one
     GOAL_CLEARANCE = 0.2   # targets overlap the task's goal less than this (as the start states)
