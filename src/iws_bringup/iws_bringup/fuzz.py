@@ -25,7 +25,6 @@ import random
 import re
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -216,6 +215,7 @@ class CallTracker:
         self.answered = Counter()
         self.refused = Counter()
         self.hangs: list[str] = []
+        self.reset_stamps: set[int] = set()  # first_frame_stamp of each reset that succeeded
 
     def add(self, future, label: str) -> None:
         self.in_flight.append((future, time.monotonic(), label))
@@ -229,6 +229,8 @@ class CallTracker:
                 self.answered[label] += 1
                 if hasattr(result, "success") and not result.success:
                     self.refused[label] += 1
+                elif hasattr(result, "first_frame_stamp"):
+                    self.reset_stamps.add(result.first_frame_stamp.sec * 1_000_000_000 + result.first_frame_stamp.nanosec)
             elif now - sent > CALL_TIMEOUT_S:
                 self.hangs.append(f"{label} unanswered after {CALL_TIMEOUT_S:.0f} s")
             else:
@@ -269,7 +271,7 @@ class FuzzTarget:
         self.node = NodeProcess([sys.executable, "-m", spec.entry_point.split(":")[0]] + ros_arguments(node_params),
                                 self.domain, self.log_path)
         self.client = RosClient(self.domain, name=f"iws_fuzz_{backend}")
-        self.image_arrivals: list[float] = []  # arrivals of frames with a new stamp (control ticks)
+        self.image_arrivals: list[tuple[float, int]] = []  # (arrival, stamp) of frames with a new stamp
         self._last_stamp = None
         self.status: list = []
         topics = self.profile.topics
@@ -277,11 +279,12 @@ class FuzzTarget:
         self.client.node.create_subscription(WorldStatus, topics.world_status, self.status.append, qos.STATE)
 
     def _on_image(self, msg) -> None:
-        # A reset republishes the current frame under the current stamp: only a new stamp is a new tick.
+        # A frame seen twice is not a new tick; a reset's own first frame (a stamp of its own) is
+        # left out in image_rate.
         stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
         if stamp != self._last_stamp:
             self._last_stamp = stamp
-            self.image_arrivals.append(time.monotonic())
+            self.image_arrivals.append((time.monotonic(), stamp))
 
     def alive(self) -> bool:
         return self.node.alive()
@@ -295,9 +298,10 @@ class FuzzTarget:
                 raise FuzzError(f"{self.log_path.name}: no WorldStatus within {timeout:.0f} s")
             time.sleep(0.1)
 
-    def image_rate(self, t0: float, t1: float) -> float:
-        """Control ticks per second seen by this client in [t0, t1]."""
-        stamps = [t for t in list(self.image_arrivals) if t0 <= t <= t1]
+    def image_rate(self, t0: float, t1: float, reset_stamps=frozenset()) -> float:
+        """Control ticks per second seen by this client in [t0, t1]; ``reset_stamps``: the first
+        frames of resets, which are not ticks."""
+        stamps = [t for t, stamp in list(self.image_arrivals) if t0 <= t <= t1 and stamp not in reset_stamps]
         return (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) >= 2 else 0.0
 
     def close(self) -> int:
@@ -421,7 +425,8 @@ def fuzz_backend(backend: str, inputs: int, seed: int, robot: str, params: dict,
         t2 = time.monotonic()
         time.sleep(1.0)  # the node is still up a moment later, and answers
         alive = target.alive() and target.image_rate(t2, time.monotonic()) > 0
-        result["realtime"] = {"rate_hz_normal": target.image_rate(t0, t1), "rate_hz_during": target.image_rate(t1, t2),
+        result["realtime"] = {"rate_hz_normal": target.image_rate(t0, t1),
+                              "rate_hz_during": target.image_rate(t1, t2, tracker.reset_stamps),
                               "seconds": t2 - t1, "node_alive": alive, "answered": dict(tracker.answered),
                               "refused": dict(tracker.refused)}
         hangs += tracker.hangs
