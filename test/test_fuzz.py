@@ -3,7 +3,7 @@ every topic and service leaves each node up and answering, and each kind of reje
 with its reason, rate-limited."""
 from __future__ import annotations
 
-from iws_bringup.fuzz import InputGenerator, bench_fuzz, rejection_log_stats
+from iws_bringup.fuzz import FuzzTarget, InputGenerator, bench_fuzz, rejection_log_stats
 from iws_common.profile import load_profile
 
 
@@ -32,6 +32,22 @@ def test_rejection_log_stats_counts_lines_per_kind_and_second():
     stats = rejection_log_stats(log)
     assert stats["lines_per_kind"] == {"non_finite": 2, "reset": 1}
     assert stats["max_lines_per_kind_per_s"] == 2 and stats["tracebacks"] == 0
+
+
+def test_tick_rate_leaves_out_repeated_frames_and_resets_first_frames(monkeypatch):
+    """A reset publishes a frame with a stamp of its own; it is not a control tick."""
+    from types import SimpleNamespace
+
+    import iws_bringup.fuzz as fuzz
+    target = object.__new__(FuzzTarget)  # the counting alone, without nodes
+    target.image_arrivals, target._last_stamp = [], None
+    frames = [(0.0, 100), (0.1, 200), (0.12, 200), (0.15, 250), (0.2, 300), (0.3, 400)]  # 250: a reset's
+    for arrival, stamp in frames:
+        monkeypatch.setattr(fuzz.time, "monotonic", lambda arrival=arrival: arrival)
+        target._on_image(SimpleNamespace(header=SimpleNamespace(stamp=SimpleNamespace(sec=0, nanosec=stamp))))
+    monkeypatch.undo()
+    assert target.image_rate(0.0, 1.0) == 4 / 0.3  # 5 new stamps: the repeated frame is not a tick
+    assert target.image_rate(0.0, 1.0, reset_stamps={250}) == 3 / 0.3
 
 
 def test_fuzzed_backends_stay_up_and_log_each_kind_rate_limited(tiny_world_model, tmp_path):
