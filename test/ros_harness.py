@@ -68,7 +68,8 @@ class LockstepClient:
         deadline = time.monotonic() + 10
         while True:
             response = self.client.call(StepWorld, self.services.step, request)
-            if response.success or response.commands_since_reset >= self.commands_sent:
+            if response.success or response.commands_since_reset >= self.commands_sent \
+                    or not response.message.startswith("waiting for commands"):  # e.g. paused: report it
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.commands_sent} commands sent since the reset, the backend has "
