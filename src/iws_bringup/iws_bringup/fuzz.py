@@ -230,7 +230,8 @@ class CallTracker:
                 if hasattr(result, "success") and not result.success:
                     self.refused[label] += 1
                 elif hasattr(result, "first_frame_stamp"):
-                    self.reset_stamps.add(result.first_frame_stamp.sec * 1_000_000_000 + result.first_frame_stamp.nanosec)
+                    from iws_common.messages import stamp_ns
+                    self.reset_stamps.add(stamp_ns(result.first_frame_stamp))
             elif now - sent > CALL_TIMEOUT_S:
                 self.hangs.append(f"{label} unanswered after {CALL_TIMEOUT_S:.0f} s")
             else:
@@ -281,7 +282,8 @@ class FuzzTarget:
     def _on_image(self, msg) -> None:
         # A frame seen twice is not a new tick; a reset's own first frame (a stamp of its own) is
         # left out in image_rate.
-        stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+        from iws_common.messages import stamp_ns
+        stamp = stamp_ns(msg.header.stamp)
         if stamp != self._last_stamp:
             self._last_stamp = stamp
             self.image_arrivals.append((time.monotonic(), stamp))
