@@ -20,6 +20,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from iws_bringup.backends import get_backend, ros_arguments
 from iws_common import qos
+from iws_common.commands import awaits_commands
 from iws_common.image_conversion import image_to_numpy
 from iws_common.messages import stamp_ns
 from iws_interfaces.msg import TaskState, WorldStatus
@@ -68,8 +69,7 @@ class LockstepClient:
         deadline = time.monotonic() + 10
         while True:
             response = self.client.call(StepWorld, self.services.step, request)
-            if response.success or response.commands_since_reset >= self.commands_sent \
-                    or not response.message.startswith("waiting for commands"):  # e.g. paused: report it
+            if not awaits_commands(response, self.commands_sent):  # stepped, or refused for good (paused)
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.commands_sent} commands sent since the reset, the backend has "

@@ -28,6 +28,16 @@ from iws_common.profile import JointSpec
 CLOCK_START_NS = 1_000_000_000
 
 
+WAITING_FOR_COMMANDS = "waiting for commands"  # how a StepWorld refusal that only waits begins
+
+
+def awaits_commands(step_response, commands_sent: int) -> bool:
+    """A StepWorld refusal that only waits for commands still in flight (min_commands_since_reset):
+    the client asks again. Any other refusal (paused, too many steps) is final."""
+    return (not step_response.success and step_response.commands_since_reset < commands_sent
+            and step_response.message.startswith(WAITING_FOR_COMMANDS))
+
+
 class CommandRejected(ValueError):
     """A command broke a rule; ``kind`` is a short stable label for rate-limited logging."""
 

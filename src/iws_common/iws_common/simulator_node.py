@@ -19,7 +19,7 @@ from std_srvs.srv import SetBool
 from trajectory_msgs.msg import JointTrajectory
 
 from iws_common import qos
-from iws_common.commands import CommandRejected, JointCommandFollower
+from iws_common.commands import WAITING_FOR_COMMANDS, CommandRejected, JointCommandFollower
 from iws_common.isolation import check_domain, check_graph, foreign_endpoints
 from iws_common.messages import time_msg
 from iws_common.profile import load_profile
@@ -211,7 +211,7 @@ class SimulatorNode(Node):
         Waiting for a client's commands is not logged: the client asks again until they arrive."""
         kind, message = "", ""
         if self.mode == "lockstep" and not self.paused and self.commands_since_reset < min_commands:
-            return f"waiting for commands: {self.commands_since_reset} of {min_commands} received since the reset"
+            return f"{WAITING_FOR_COMMANDS}: {self.commands_since_reset} of {min_commands} received since the reset"
         if self.mode != "lockstep":
             kind, message = "step_realtime", "StepWorld needs mode:=lockstep (this node runs in realtime)"
         elif self.paused:

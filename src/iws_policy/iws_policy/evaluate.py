@@ -199,6 +199,7 @@ class BackendSession:
     def step(self) -> int:
         """One step, once the backend has every command sent since the reset (commands travel on
         their own topic and could arrive after the step: a rerun would then not replay the run)."""
+        from iws_common.commands import awaits_commands
         from iws_common.messages import stamp_ns as to_ns
         from iws_interfaces.srv import StepWorld
 
@@ -218,7 +219,7 @@ class BackendSession:
             response = future.result()
             if response.success:
                 return to_ns(response.sim_time)
-            if response.commands_since_reset >= self.commands_sent:
+            if not awaits_commands(response, self.commands_sent):
                 raise EvaluationError(f"StepWorld refused: {response.message}")
             if time.monotonic() > commands_due:
                 raise EvaluationError(f"{self.backend} received {response.commands_since_reset} of the "
