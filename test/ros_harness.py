@@ -20,7 +20,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from iws_bringup.backends import get_backend, ros_arguments
 from iws_common import qos
-from iws_common.commands import awaits_commands
+from iws_common.commands import step_when_commands_arrive
 from iws_common.image_conversion import image_to_numpy
 from iws_common.messages import stamp_ns
 from iws_interfaces.msg import TaskState, WorldStatus
@@ -66,15 +66,8 @@ class LockstepClient:
         overtaking it; while one is in flight the backend refuses and the call is made again)."""
         before = len(self.images)
         request = StepWorld.Request(num_steps=n, min_commands_since_reset=self.commands_sent)
-        deadline = time.monotonic() + 10
-        while True:
-            response = self.client.call(StepWorld, self.services.step, request)
-            if not awaits_commands(response, self.commands_sent):  # stepped, or refused for good (paused)
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.commands_sent} commands sent since the reset, the backend has "
-                                   f"{response.commands_since_reset} after 10 s")
-            time.sleep(0.005)
+        response = step_when_commands_arrive(lambda: self.client.call(StepWorld, self.services.step, request),
+                                             self.commands_sent)  # a step, or refused for good (paused)
         assert response.success, response.message
         self.client.wait_for(self.images, before + n, timeout=10)
         return response

@@ -6,7 +6,8 @@ import pytest
 import yaml
 from sensor_msgs.msg import Image
 
-from iws_common.commands import CommandRejected, JointCommandFollower
+from iws_common.commands import (WAITING_FOR_COMMANDS, CommandRejected, CommandsInFlight, JointCommandFollower,
+                                 step_when_commands_arrive)
 from iws_common.image_conversion import ImageEncodingError, convert_encoding, image_to_numpy, numpy_to_image
 from iws_common.profile import ProfileError, config_dir, load_profile
 
@@ -118,6 +119,37 @@ def test_trajectory_is_interpolated_in_profile_order(follower):
     follower.set_trajectory(["wrist_joint", "shoulder_pan_joint", "elbow_joint"], [1.0], [[0.3, 0.1, 0.2]], now=10.0)
     np.testing.assert_allclose(follower.step(now=10.5, dt=0.1), [0.05, 0.1, 0.15])
     np.testing.assert_allclose(follower.step(now=11.5, dt=0.1), [0.1, 0.2, 0.3])
+
+
+def _step_response(success: bool, received: int, message: str = ""):
+    from iws_interfaces.srv import StepWorld
+    return StepWorld.Response(success=success, commands_since_reset=received, message=message)
+
+
+def test_a_step_is_asked_again_only_while_commands_are_in_flight():
+    """The lockstep clients' loop (iws evaluate, the test harness): a refusal that waits for commands
+    is asked again until the backend steps; any other refusal comes back at once for the caller."""
+    waiting = [_step_response(False, k, f"{WAITING_FOR_COMMANDS}: {k} of 3 received since the reset") for k in (1, 2)]
+    answers = iter(waiting + [_step_response(True, 3)])
+    calls = []
+
+    def ask():
+        calls.append(1)
+        return next(answers)
+
+    assert step_when_commands_arrive(ask, commands_sent=3, poll_s=0).success
+    assert len(calls) == 3
+
+    paused = _step_response(False, 1, "the world is paused")  # fewer commands, but refused for another reason
+    calls.clear()
+    assert step_when_commands_arrive(lambda: calls.append(1) or paused, commands_sent=3) is paused
+    assert len(calls) == 1
+
+
+def test_commands_that_never_arrive_end_the_step_with_the_count():
+    stuck = _step_response(False, 2, f"{WAITING_FOR_COMMANDS}: 2 of 5 received since the reset")
+    with pytest.raises(CommandsInFlight, match="received 2 of the 5 commands sent since the reset"):
+        step_when_commands_arrive(lambda: stuck, commands_sent=5, timeout_s=0.05, poll_s=0.001)
 
 
 # -- image conversion -----------------------------------------------------------------------

@@ -15,8 +15,9 @@ This module imports neither ROS nor torch: nodes convert messages to plain seque
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import Counter
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -31,11 +32,40 @@ CLOCK_START_NS = 1_000_000_000
 WAITING_FOR_COMMANDS = "waiting for commands"  # how a StepWorld refusal that only waits begins
 
 
+# How long a lockstep client asks again for the commands it published before a step.
+COMMAND_ARRIVAL_TIMEOUT_S = 10.0
+
+
 def awaits_commands(step_response, commands_sent: int) -> bool:
     """A StepWorld refusal that only waits for commands still in flight (min_commands_since_reset):
     the client asks again. Any other refusal (paused, too many steps) is final."""
     return (not step_response.success and step_response.commands_since_reset < commands_sent
             and step_response.message.startswith(WAITING_FOR_COMMANDS))
+
+
+class CommandsInFlight(TimeoutError):
+    """The backend still lacked commands the client had published when the client gave up."""
+
+
+def step_when_commands_arrive(ask: Callable[[], object], commands_sent: int,
+                              timeout_s: float = COMMAND_ARRIVAL_TIMEOUT_S, poll_s: float = 0.0005):
+    """The lockstep client's side of min_commands_since_reset, one loop for every client.
+
+    ``ask()`` makes one StepWorld call (its request carrying ``commands_sent``) and returns the
+    response. While the backend refuses only because commands are still in flight, ask again; return
+    the first other response, a step or a final refusal, which the caller judges. A command and
+    StepWorld travel on different channels, so on a loaded machine the command can come second.
+    Raises CommandsInFlight after ``timeout_s``: a command lost on the way, or another publisher.
+    """
+    due = time.monotonic() + timeout_s
+    while True:
+        response = ask()
+        if not awaits_commands(response, commands_sent):
+            return response
+        if time.monotonic() > due:
+            raise CommandsInFlight(f"received {response.commands_since_reset} of the {commands_sent} commands "
+                                   f"sent since the reset within {timeout_s:.0f} s")
+        time.sleep(poll_s)
 
 
 class CommandRejected(ValueError):

@@ -44,11 +44,6 @@ from iws_common.profile import default_model_dir
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-
-# How long a step waits for the command published before it (StepWorld's min_commands_since_reset).
-COMMAND_ARRIVAL_TIMEOUT_S = 10.0
-
-
 LOST_FRAMES = 5  # the object unfound this many frames in a row (0.5 s at 10 Hz): lost from then on
 
 
@@ -199,7 +194,7 @@ class BackendSession:
     def step(self) -> int:
         """One step, once the backend has every command sent since the reset (commands travel on
         their own topic and could arrive after the step: a rerun would then not replay the run)."""
-        from iws_common.commands import awaits_commands
+        from iws_common.commands import CommandsInFlight, step_when_commands_arrive
         from iws_common.messages import stamp_ns as to_ns
         from iws_interfaces.srv import StepWorld
 
@@ -208,24 +203,23 @@ class BackendSession:
             if not self._step_client.wait_for_service(timeout_sec=30):
                 raise EvaluationError(f"{self.profile.services.step} not available")
         request = StepWorld.Request(num_steps=1, min_commands_since_reset=self.commands_sent)
-        commands_due = time.monotonic() + COMMAND_ARRIVAL_TIMEOUT_S
-        while True:
+
+        def ask():  # one call, watching the backend's process: a dead node answers nothing
             future = self._step_client.call_async(request)
             deadline = time.monotonic() + 30
             while not future.done():
                 if time.monotonic() > deadline or not self.node.alive():
                     raise EvaluationError(f"StepWorld unanswered:\n{self.node.output()[-2000:]}")
                 time.sleep(0.0005)
-            response = future.result()
-            if response.success:
-                return to_ns(response.sim_time)
-            if not awaits_commands(response, self.commands_sent):
-                raise EvaluationError(f"StepWorld refused: {response.message}")
-            if time.monotonic() > commands_due:
-                raise EvaluationError(f"{self.backend} received {response.commands_since_reset} of the "
-                                      f"{self.commands_sent} commands sent since the reset within "
-                                      f"{COMMAND_ARRIVAL_TIMEOUT_S:.0f} s")
-            time.sleep(0.0005)
+            return future.result()
+
+        try:
+            response = step_when_commands_arrive(ask, self.commands_sent)
+        except CommandsInFlight as exc:
+            raise EvaluationError(f"{self.backend} {exc}") from exc
+        if not response.success:
+            raise EvaluationError(f"StepWorld refused: {response.message}")
+        return to_ns(response.sim_time)
 
     def reset(self, seed: int, window: dict | None) -> int:
         from sensor_msgs.msg import JointState
