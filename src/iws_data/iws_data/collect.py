@@ -46,6 +46,14 @@ def is_complete(bag: Path) -> bool:
     return (bag / "metadata.yaml").is_file()
 
 
+def drop_empty_partial_dir(out: Path) -> None:
+    """Episodes are written under OUT/.partial and moved out when closed; once none is left
+    half-written, the folder goes too (one left behind holds what an interrupted run was writing)."""
+    partial_root = out / PARTIAL_DIR
+    if partial_root.is_dir() and not any(partial_root.iterdir()):
+        partial_root.rmdir()
+
+
 def parse_mix(text: str) -> dict[str, float]:
     """'expert=0.4,random=0.3,contact=0.3' -> normalised weights."""
     mix = {}
@@ -265,9 +273,7 @@ def collect(profile: RobotProfile | str, task: str, out: str | Path, episodes: i
                                 frames_per_s=f"{bar.n * (steps + 1) / max(bar.format_dict['elapsed'], 1e-9):.0f}")
     finally:
         collector.close()
-        partial_root = out / PARTIAL_DIR
-        if partial_root.is_dir() and not any(partial_root.iterdir()):
-            partial_root.rmdir()
+        drop_empty_partial_dir(out)
     return results
 
 

@@ -40,7 +40,7 @@ def collect_world_model(profile, model: str | Path, out: str | Path, episodes: i
     from iws_common.image_conversion import numpy_to_image
     from iws_common.messages import camera_info_msg, time_msg
     from iws_data.bags import BagWriter
-    from iws_data.collect import PARTIAL_DIR, episode_name, is_complete
+    from iws_data.collect import PARTIAL_DIR, drop_empty_partial_dir, episode_name, is_complete
     from iws_interfaces.msg import EpisodeEvent
     from iws_reference_robot.pixel_expert import PushTExpertPolicy
     from iws_reference_robot.scoring import PixelScorer
@@ -127,9 +127,7 @@ def collect_world_model(profile, model: str | Path, out: str | Path, episodes: i
                             "score": float(final_score.score)})
     finally:
         scene.close()
-        partial_root = out / PARTIAL_DIR
-        if partial_root.is_dir() and not any(partial_root.iterdir()):
-            partial_root.rmdir()
+        drop_empty_partial_dir(out)
     return results
 
 

@@ -563,6 +563,16 @@ def add_frozen_noise_argument(p: argparse.ArgumentParser) -> None:
                         "(default: the model config's frozen_noise)")
 
 
+def add_inference_arguments(p: argparse.ArgumentParser) -> None:
+    """The model config's inference switches a rollout may override (``WorldModel``): jumps, snap, noise."""
+    p.add_argument("--dynamics-steps", type=int, choices=(1, 2, 3), default=None,
+                   help="consistency jumps per predicted latent (default: the model's)")
+    p.add_argument("--snap-threshold", type=float, default=None,
+                   help="latent cells the dynamics moves less than this keep their value; 0 = off "
+                        "(default: the model config's snap_threshold)")
+    add_frozen_noise_argument(p)
+
+
 def openloop_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="iws eval openloop", description="open-loop fidelity on held-out episodes "
                                 "(PSNR, SSIM, joint error, push_t T pose) against copy-last-frame and an MSE baseline")
@@ -591,8 +601,6 @@ def openloop_main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-pose", action="store_true", help="skip the push_t T-pose metrics")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--dynamics-steps", type=int, choices=(1, 2, 3), default=None,
-                   help="consistency jumps per predicted latent (default: the model's)")
     p.add_argument("--reencode", action="store_true",
                    help="feed the dynamics the encoder's latent of each rendered frame instead of its predicted latent")
     p.add_argument("--history-level", type=int, default=None,
@@ -602,10 +610,7 @@ def openloop_main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-frame", type=int, default=None, metavar="F",
                    help="predict from frame F of each episode on, the window before it as context (default: "
                         "the window; a later F compares models of different windows on the same frames)")
-    p.add_argument("--snap-threshold", type=float, default=None,
-                   help="latent cells the dynamics moves less than this keep their value; 0 = off "
-                        "(default: the model config's snap_threshold)")
-    add_frozen_noise_argument(p)
+    add_inference_arguments(p)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -24,7 +24,7 @@ from iws_data.dataset import Dataset, DatasetError
 from . import metrics
 from .checkpoint import CheckpointError
 from .config import ConfigError
-from .evaluate import EvalError, add_frozen_noise_argument, progress_bar, default_device, load_robot_profile, resize
+from .evaluate import EvalError, add_inference_arguments, progress_bar, default_device, load_robot_profile, resize
 from .start_windows import StartWindowError, load_start_windows
 from .world_model import WorldModel, upscale
 
@@ -186,12 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-fraction", type=float, default=0.95, help="in-distribution share each minute must reach")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--dynamics-steps", type=int, choices=(1, 2, 3), default=None,
-                   help="consistency jumps per predicted latent (default: the model's)")
-    p.add_argument("--snap-threshold", type=float, default=None,
-                   help="latent cells the dynamics moves less than this keep their value; 0 = off "
-                        "(default: the model config's snap_threshold)")
-    add_frozen_noise_argument(p)
+    add_inference_arguments(p)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
