@@ -582,6 +582,7 @@ def test_experiment_reports_from_cached_evaluations(tmp_path, monkeypatch):
     assert result["pearson_r"] > 0.9 and result["mmrv"] == 0.0 and result["pearson_r_coverage"] > 0.9
     assert result["pearson_r_reference_truth"] > 0.9 and "ground truth" in (tmp_path / "corr" / "README.md").read_text()
     assert not result["bar_met"], "the bar needs at least 8 policies"
+    assert result["pearson_r_bootstrap"]["draws"] == 0, "no per-episode verdicts: nothing to resample"
     assert (tmp_path / "corr" / "correlation.png").stat().st_size > 0 and "Pearson r" in (tmp_path / "corr" / "README.md").read_text()
     import shutil
     shutil.copytree(tmp_path / "corr", tmp_path / "mix")
@@ -601,6 +602,36 @@ def test_experiment_reports_from_cached_evaluations(tmp_path, monkeypatch):
     assert constant["kappa"] == pytest.approx(0.0) and math.isnan(constant["coverage_r"])  # a side that always wins
     everywhere = {"per_episode": [episode(s, True, 1.0) for s in range(8)]}
     assert math.isnan(episode_agreement(everywhere, everywhere)["kappa"])  # both constant: chance is everything
+
+    # How sure r is: the matched start states resampled, the same draw for every policy and backend.
+    from iws_policy.experiments import bootstrap_pearson, verdicts_by_seed
+    def family(rates, flip=0):
+        """Per policy, 20 episodes whose robot verdicts win that share; the model's are the robot's with
+        ``flip`` of them turned over, at other start states per policy."""
+        out = []
+        for k, rate in enumerate(rates):
+            wins = [s < rate * 20 for s in range(20)]
+            model = [w != ((s + 7 * k) % 20 < flip) for s, w in enumerate(wins)]
+            out.append(verdicts_by_seed({"per_episode": [episode(s, w, 0.0) for s, w in enumerate(wins)]},
+                                        {"per_episode": [episode(s, m, 0.0) for s, m in enumerate(model)]}))
+        return out
+    exact = bootstrap_pearson(family([0.9, 0.6, 0.3, 0.1]))
+    assert exact["episodes"] == 20 and exact["ci95"] == pytest.approx([1.0, 1.0]) and exact["share_at_bar"] == 1.0
+    noisy = bootstrap_pearson(family([0.9, 0.6, 0.3, 0.1], flip=6))
+    assert noisy["ci95"][0] < noisy["ci95"][1] < 1.0 and noisy["share_at_bar"] < exact["share_at_bar"]
+    assert bootstrap_pearson(family([0.5]))["draws"] == 0  # one policy: no r to resample
+    for name, (real, sim) in rates.items():  # the report resamples the verdicts its evaluations carry
+        for backend, rate in (("reference", real), ("world_model", sim)):
+            d = tmp_path / "corr_episodes" / f"{backend}_{name}"
+            d.mkdir(parents=True)
+            verdicts = [episode(1 + e, e < rate * 10, 0.5) for e in range(10)]
+            (d / "evaluation.json").write_text(json.dumps({
+                "policy": f"/ckpt/{name}", "episodes": 10, "steps": 9, "seed": 1, "lost_frames_rule": LOST_FRAMES,
+                "model_weights": model_weights(None) if backend == "world_model" else None, "scorer": scorer_identity(),
+                "success_rate": rate, "ci95": [0, 1], "seconds": 1.0, "per_episode": verdicts}))
+    resampled = correlation({n: f"/ckpt/{n}" for n in rates}, tmp_path / "corr_episodes", 10, 9, 1, None)
+    assert resampled["pearson_r_bootstrap"]["episodes"] == 10 and resampled["policies"][0]["verdicts"][0] == [1, 1, 1]
+    assert "Resampling the 10 matched start states" in (tmp_path / "corr_episodes" / "README.md").read_text()
     mix = datamix({"a": "/ckpt/a", "c": "/ckpt/c"}, {"a": 0.0, "c": 1.0}, tmp_path / "mix", 4, 9, 1)
     assert mix["wm_over_real"] == pytest.approx(0.1 / 0.8) and not mix["bar_met"]
     assert mix["wm_over_real_coverage"] == pytest.approx(0.1 / 0.8)
