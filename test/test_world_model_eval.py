@@ -16,7 +16,7 @@ from iws_world_model import evaluate, metrics, paired
 from iws_world_model.world_model import WorldModel
 
 PER_STEP = {"psnr", "ssim", "joint_mae_rad", "t_found_rate", "t_position_error_mm", "t_yaw_error_deg",
-            "t_yaw_flip_rate", "t_displacement_mm", "t_overlap"}
+            "t_yaw_flip_rate", "t_displacement_mm", "t_overlap", "pusher_error_mm", "pusher_found_rate"}
 T_MEAN_RADIUS_MM = 1000.0 * float(np.linalg.norm(_raster_boxes(T_BOXES, T_RASTER_STEP), axis=1).mean())
 
 
@@ -313,8 +313,16 @@ def test_real_frames_as_prediction_score_perfectly(tiny_world_model, dataset_dir
     cut = evaluate.load_open_loop_data(dataset, world.config.window, 5, 1, world.image_size)
     estimator, _ = evaluate._pose_estimator(dataset.meta.get("profile"))
     real = evaluate.frame_poses(estimator, cut.real_images, cut.valid, dataset.image_size)
-    result = evaluate.score_open_loop(cut.real_images, cut.real_joints, cut, real, real)
+    pushers = evaluate.frame_pushers(estimator, cut.real_images, cut.valid)
+    assert pushers[0].all(), "the reference robot's pusher is in every frame"
+    result = evaluate.score_open_loop(cut.real_images, cut.real_joints, cut, real, real, pushers=(pushers, pushers))
     s = result["summary"]
+    assert s["pusher_error_mm"] == 0.0 and s["pusher_found_rate"] == 1.0
+    # the pusher drawn one model pixel to the right reads about a pixel's width on the table (9.8 mm at 64x64,
+    # a little less at the pusher's top, nearer the camera)
+    shifted = evaluate.frame_pushers(estimator, np.roll(cut.real_images, 1, axis=-2), cut.valid)
+    moved = evaluate.score_open_loop(cut.real_images, cut.real_joints, cut, real, real, pushers=(pushers, shifted))
+    assert moved["summary"]["pusher_error_mm"] == pytest.approx(9.8 * 64 / world.image_size, rel=0.1)
     assert s["psnr"] == metrics.PSNR_CAP_DB
     assert s["ssim"] == pytest.approx(1.0, abs=1e-5)
     assert s["joint_mae_rad"] == 0.0

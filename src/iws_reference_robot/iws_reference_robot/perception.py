@@ -41,6 +41,21 @@ def t_block_mask(image: np.ndarray) -> np.ndarray:
     return (b > 110) & (b - r > 60) & (b - g > 25)
 
 
+# The pusher's top face above the T's, where its pixels lie: back-projected at ``drop`` = this
+# (``PushTPoseEstimator.pixels_to_table``), the centroid of its red pixels lands within a few
+# millimetres of the pusher at 96x96 (at the T's height it would read 5 mm off, by perspective).
+PUSHER_TOP_DROP = -(scene.PUSHER_TOP - PushT.HEIGHT)
+
+
+def pusher_mask(image: np.ndarray) -> np.ndarray:
+    """Pixels of the red pusher seen from above (rgb8, any leading axes): red dominance separates it
+    from the T (blue), the goal (green), the table and the arm (greys). push_t's colours only: the rope
+    task's orange would pass too."""
+    rgb = image.astype(np.int16)
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    return (r > 120) & (r - g > 60) & (r - b > 60)
+
+
 def goal_mask(image: np.ndarray) -> np.ndarray:
     """Pixels of the green goal T left visible (rgb8): the T on the goal hides most of them."""
     rgb = image.astype(np.int16)

@@ -44,6 +44,7 @@ MODEL, COPY_LAST, MSE, AUTOENCODER, ONE_STEP = "world_model", "copy_last", "mse_
 PHYSICS = "physics_nudge_{:g}"  # one row per nudge size
 REPLAY_TOLERANCE = 0.5  # mean |difference| in uint8 levels of a replayed context frame (float32 commands: ~0)
 REST_MM, REST_DEG = 5.0, 5.0  # the real T within this of its last context pose is "at rest" (at_rest)
+PUSHER_MIN_AREA = 0.5  # of the pusher's disc in pixels at the frame's size: fewer red pixels, not drawn
 
 
 class EvalError(RuntimeError):
@@ -307,6 +308,27 @@ def frame_poses(estimator, images: np.ndarray, valid: np.ndarray, camera_hw: tup
     return found, poses
 
 
+def frame_pushers(estimator, images: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each valid frame (N, H, S, S, 3) draws the pusher: the centroid of its red pixels,
+    back-projected from the pusher's top face onto the table (metres). found (N, H) and xy (N, H, 2).
+    Where the image's arm is (the joint head reports the joints it publishes, not the picture)."""
+    from iws_reference_robot.perception import PUSHER_TOP_DROP, pusher_mask
+    from iws_reference_robot.scene import PUSHER_RADIUS
+
+    height, width = images.shape[-3:-1]
+    pixel = np.linalg.norm(np.diff(estimator.pixels_to_table(np.array([[0.0, 0.0], [1.0, 0.0]]), height, width), axis=0))
+    min_pixels = max(1, int(PUSHER_MIN_AREA * np.pi * PUSHER_RADIUS ** 2 / pixel ** 2))  # 3 at 64x64 (real frames: ~9)
+    mask = pusher_mask(images)
+    count = mask.sum((-1, -2))
+    v, u = np.mgrid[:images.shape[-3], :images.shape[-2]]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        uv = np.stack([(mask * u).sum((-1, -2)) / count, (mask * v).sum((-1, -2)) / count], -1)  # as the T's estimator
+    found = valid & (count >= min_pixels)
+    xy = np.full((*valid.shape, 2), np.nan)
+    xy[found] = estimator.pixels_to_table(uv[found], height, width, PUSHER_TOP_DROP)
+    return found, xy
+
+
 def at_rest(real_poses: tuple, last_poses: tuple) -> np.ndarray:
     """(N, H) frames where the real T is found within REST_MM and REST_DEG of where it was in the last
     context frame: nothing has pushed it yet (or it was pushed back), so copy-last is right there and
@@ -330,10 +352,10 @@ def joint_response(joints: np.ndarray, data: OpenLoopData) -> list[dict]:
 
 def score_open_loop(pred_images: np.ndarray, pred_joints: np.ndarray, data: OpenLoopData,
                     real_poses: tuple | None = None, pred_poses: tuple | None = None, bar=None,
-                    rest: np.ndarray | None = None) -> dict:
+                    rest: np.ndarray | None = None, pushers: tuple | None = None) -> dict:
     """Per-step curves (averaged over the episodes that reach the step) and their horizon means.
     ``rest`` (N, H), from ``at_rest``, splits the yaw error into frames where the real T has not
-    moved since the context and frames where it has."""
+    moved since the context and frames where it has. ``pushers``: (real, predicted) ``frame_pushers``."""
     valid = data.valid
     fidelity = metrics.frame_fidelity(pred_images, data.real_images, progress=bar)
     # (N, H) values and the frames where each counts; per step they average over the episodes,
@@ -356,6 +378,10 @@ def score_open_loop(pred_images: np.ndarray, pred_joints: np.ndarray, data: Open
         displacement, overlap = t_pose_gaps(pred_pose, real_pose)
         frames["t_displacement_mm"] = (1000.0 * displacement, seen & pred_found)
         frames["t_overlap"] = (overlap, seen & pred_found)
+    if pushers is not None:  # is the arm drawn where the robot's was (pixels, not the joint head)?
+        (real_found, real_xy), (pred_found, pred_xy) = pushers
+        frames["pusher_error_mm"] = (1000.0 * np.linalg.norm(pred_xy - real_xy, axis=-1), real_found & pred_found)
+        frames["pusher_found_rate"] = (pred_found.astype(np.float64), real_found)
     per_step = {k: metrics.masked_mean(v, m) for k, (v, m) in frames.items()}
     per_episode = {k: metrics.masked_mean(v, m, axis=1) for k, (v, m) in frames.items()}
     summary = {k: float(metrics.masked_mean(v, np.ones_like(v, bool))) for k, v in per_step.items()}
@@ -450,7 +476,7 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
         order.append(name)
 
     tasks = sorted({e.task for e in cut.episodes})
-    poses, pose_note = {}, None
+    poses, pushers, pose_note = {}, {}, None
     if not pose:
         pose_note = "disabled (--no-pose)"
     elif tasks != [POSE_TASK]:
@@ -468,10 +494,15 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
             poses[COPY_LAST] = (np.repeat(found, h_eff, 1), np.repeat(pose_last, h_eff, 1))
             if again is not None:
                 poses["again"] = frame_poses(estimator, again[0], cut.valid, camera_hw, bar)
+        pushers = {name: frame_pushers(estimator, predictions[name][0], cut.valid) for name in order if name != COPY_LAST}
+        pushers["real"] = frame_pushers(estimator, cut.real_images, cut.valid)
+        found, xy = frame_pushers(estimator, cut.last_image[:, None], np.ones((n, 1), bool))
+        pushers[COPY_LAST] = (np.repeat(found, h_eff, 1) & cut.valid, np.repeat(xy, h_eff, 1))
 
     with progress_bar(n * h_eff * len(order), "PSNR and SSIM", progress, unit="frame") as bar:
         rest = at_rest(poses["real"], poses[COPY_LAST]) if poses else None
-        results = {name: score_open_loop(*predictions[name], cut, poses.get("real"), poses.get(name), bar, rest)
+        results = {name: score_open_loop(*predictions[name], cut, poses.get("real"), poses.get(name), bar, rest,
+                                         (pushers["real"], pushers[name]) if pushers else None)
                    for name in order}
     if again is not None:
         results[MODEL]["seed_spread"] = rollout_spread(predictions[MODEL][0], again[0], poses.get(MODEL),
@@ -508,7 +539,8 @@ def openloop(model: str | Path, data: str | Path, episodes: int = 8, horizon: in
             "physics_nudge": list(physics_nudge),
             "seed_spread": seed + 1 if seed_spread else None,
             "pose_metrics": pose_note or "T pose by iws_reference_robot.perception on frames upscaled to the camera "
-                                         "size; errors over frames where the T is found in both"},
+                                         "size; errors over frames where the T is found in both; the pusher's "
+                                         "centroid (its red pixels at the model's size) on the table"},
         "models": results,
         "real": {"t_found_rate": metrics.masked_mean(poses["real"][0].astype(float), cut.valid) if "real" in poses else None,
                  "arm_response": joint_response(cut.real_joints, cut)},
@@ -533,6 +565,9 @@ def _print_openloop(report: dict, out: Path) -> None:
                  f" {fmt('t_yaw_flip_rate', '.0%')} over {metrics.FLIP_DEG:g})"
                  f"  area moved {fmt('t_displacement_mm', '.1f')} mm  overlap {fmt('t_overlap', '.2f')}"
                  if "t_found_rate" in s else ""))
+        if s.get("pusher_error_mm") is not None:
+            print(f"  {'':16s} pusher drawn {fmt('pusher_error_mm', '.1f')} mm from the real one "
+                  f"(found in {fmt('pusher_found_rate', '.0%')} of frames)")
         if s.get("t_at_rest_rate") is not None:
             print(f"  {'':16s} yaw where the real T is at rest ({s['t_at_rest_rate']:.0%} of frames) "
                   f"{fmt('t_yaw_error_deg_at_rest', '.1f')} deg, where it moved {fmt('t_yaw_error_deg_moved', '.1f')} deg")
