@@ -318,11 +318,13 @@ def frame_pushers(estimator, images: np.ndarray, valid: np.ndarray) -> tuple[np.
     height, width = images.shape[-3:-1]
     pixel = np.linalg.norm(np.diff(estimator.pixels_to_table(np.array([[0.0, 0.0], [1.0, 0.0]]), height, width), axis=0))
     min_pixels = max(1, int(PUSHER_MIN_AREA * np.pi * PUSHER_RADIUS ** 2 / pixel ** 2))  # 3 at 64x64 (real frames: ~9)
-    mask = pusher_mask(images)
-    count = mask.sum((-1, -2))
-    v, u = np.mgrid[:images.shape[-3], :images.shape[-2]]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        uv = np.stack([(mask * u).sum((-1, -2)) / count, (mask * v).sum((-1, -2)) / count], -1)  # as the T's estimator
+    v, u = np.mgrid[:height, :width]
+    count, uv = np.zeros(valid.shape, np.int64), np.full((*valid.shape, 2), np.nan)
+    for i in range(len(images)):  # an episode at a time: the masks of a whole report would take gigabytes
+        mask = pusher_mask(images[i])
+        count[i] = mask.sum((-1, -2))
+        with np.errstate(invalid="ignore", divide="ignore"):  # as the T's estimator: pixel indices
+            uv[i] = np.stack([(mask * u).sum((-1, -2)) / count[i], (mask * v).sum((-1, -2)) / count[i]], -1)
     found = valid & (count >= min_pixels)
     xy = np.full((*valid.shape, 2), np.nan)
     xy[found] = estimator.pixels_to_table(uv[found], height, width, PUSHER_TOP_DROP)

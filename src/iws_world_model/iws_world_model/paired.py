@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 # Figures where a larger value is better; every other per-episode figure is an error.
-HIGHER_IS_BETTER = {"psnr", "ssim", "t_found_rate", "t_overlap"}
+HIGHER_IS_BETTER = {"psnr", "ssim", "t_found_rate", "t_overlap", "pusher_found_rate"}
 
 
 class PairingError(ValueError):
