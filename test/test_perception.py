@@ -25,21 +25,28 @@ def angle_error(a: float, b: float) -> float:
     return abs((a - b + math.pi) % (2 * math.pi) - math.pi)
 
 
-def test_pose_from_pixels_matches_ground_truth(sim):
-    estimator = PushTPoseEstimator(PROFILE)
-    position_errors, yaw_errors = [], []
-    for seed in range(8):
+def expert_frames(sim, seeds: int, steps: int, every: int):
+    """The push_t expert pushing from start states 0..seeds-1; yields after every ``every``-th step,
+    the simulator at that state (all over the workspace, the T under the pusher often)."""
+    for seed in range(seeds):
         sim.reset(seed)
         expert = make_expert("push_t", sim)
         expert.reset(np.random.default_rng(seed))
-        for step in range(30):
+        for step in range(steps):
             sim.step(expert.act(sim.task_state(), sim.joint_positions()))
-            if step % 10 == 9:
-                estimate = estimator.estimate(sim.render())
-                truth = sim.task_state().object_poses[0]
-                assert estimate.found
-                position_errors.append(np.linalg.norm(estimate.pose[:2] - truth[:2]))
-                yaw_errors.append(angle_error(estimate.pose[2], truth[2]))
+            if step % every == every - 1:
+                yield
+
+
+def test_pose_from_pixels_matches_ground_truth(sim):
+    estimator = PushTPoseEstimator(PROFILE)
+    position_errors, yaw_errors = [], []
+    for _ in expert_frames(sim, seeds=8, steps=30, every=10):
+        estimate = estimator.estimate(sim.render())
+        truth = sim.task_state().object_poses[0]
+        assert estimate.found
+        position_errors.append(np.linalg.norm(estimate.pose[:2] - truth[:2]))
+        yaw_errors.append(angle_error(estimate.pose[2], truth[2]))
     # One pixel is about 6.6 mm on the table at 96x96: the fit reads the pose to a tenth of one.
     assert np.median(position_errors) < 0.0007 and max(position_errors) < 0.004
     assert np.degrees(np.median(yaw_errors)) < 0.5 and np.degrees(max(yaw_errors)) < 3.0
@@ -133,17 +140,11 @@ def test_the_pusher_is_found_where_the_robot_has_it(sim):
     workspace, and nothing else in the scene is red."""
     estimator = PushTPoseEstimator(PROFILE)
     errors = []
-    for seed in range(6):
-        sim.reset(seed)
-        expert = make_expert("push_t", sim)
-        expert.reset(np.random.default_rng(seed))
-        for step in range(40):
-            sim.step(expert.act(sim.task_state(), sim.joint_positions()))
-            if step % 8 == 7:
-                image = sim.render()
-                v, u = np.nonzero(pusher_mask(image))
-                assert len(u) > 10, "the pusher is seen from above in every frame"
-                xy = estimator.pixels_to_table(np.array([[u.mean(), v.mean()]]), *image.shape[:2], PUSHER_TOP_DROP)[0]
-                errors.append(np.linalg.norm(xy - sim.pusher_xy()))
+    for _ in expert_frames(sim, seeds=6, steps=40, every=8):
+        image = sim.render()
+        v, u = np.nonzero(pusher_mask(image))
+        assert len(u) > 10, "the pusher is seen from above in every frame"
+        xy = estimator.pixels_to_table(np.array([[u.mean(), v.mean()]]), *image.shape[:2], PUSHER_TOP_DROP)[0]
+        errors.append(np.linalg.norm(xy - sim.pusher_xy()))
     # a sixth of a pixel (6.6 mm at 96x96) in the median; the white wrist mark hides part of the disc
     assert np.median(errors) < 0.002 and max(errors) < 0.004, np.round(1000 * np.array(errors), 1)
