@@ -316,7 +316,8 @@ def frame_pushers(estimator, images: np.ndarray, valid: np.ndarray) -> tuple[np.
     from iws_reference_robot.scene import PUSHER_RADIUS
 
     height, width = images.shape[-3:-1]
-    pixel = np.linalg.norm(np.diff(estimator.pixels_to_table(np.array([[0.0, 0.0], [1.0, 0.0]]), height, width), axis=0))
+    corners = estimator.pixels_to_table(np.array([[0.0, 0.0], [1.0, 0.0]]), height, width, PUSHER_TOP_DROP)
+    pixel = np.linalg.norm(corners[1] - corners[0])  # a pixel's width on the table at the pusher's top
     min_pixels = max(1, int(PUSHER_MIN_AREA * np.pi * PUSHER_RADIUS ** 2 / pixel ** 2))  # 3 at 64x64 (real frames: ~9)
     v, u = np.mgrid[:height, :width]
     count, uv = np.zeros(valid.shape, np.int64), np.full((*valid.shape, 2), np.nan)
