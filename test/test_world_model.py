@@ -991,6 +991,45 @@ def test_patched_dynamics_runs_a_finer_latent_on_the_same_token_grid(tmp_path, d
     assert steps[-1][0].shape == (32, 32, 3) and np.isfinite(steps[-1][1]).all()
 
 
+def test_action_keypoints_draw_the_command_at_sub_cell_precision(tmp_path, dataset_dir):
+    """``action_keypoints``: the command placed as learnt points on the dynamics' grid. The points stay
+    on the grid, a command change far below a cell's width changes the drawing, a new model predicts
+    as one without them (zero-initialised stem), and it trains and rolls out end to end."""
+    cfg, _ = load_config(TINY)
+    with_points = dataclasses.replace(cfg, action_keypoints=3)
+    with_points.validate()
+    torch.manual_seed(0)
+    net = WorldModelNetwork(with_points, joint_dim=2).eval()
+    drawer, side = net.dynamics.action_points, cfg.latent_size
+    commands = torch.rand(64, 2) * 4 - 2
+    with torch.no_grad():
+        points = drawer.points(commands)
+        drawing = drawer(commands)
+        nudged = drawer(commands + 1e-3)
+    assert points.shape == (64, 3, 2) and (points >= 0).all() and (points <= side).all()
+    assert drawing.shape == (64, 9, side, side) and net.dynamics.points_stem.in_channels == 9
+    assert (nudged - drawing).abs().amax(dim=(1, 2, 3)).min() > 0  # every command's drawing moves with it
+    bump = drawing[:, :3].flatten(2)
+    assert (bump.amax(-1) >= np.exp(-0.25) - 1e-6).all()  # a cell centre lies within half a cell on each axis
+    # zero-initialised: the points change nothing until training gives them weight
+    plain = WorldModelNetwork(cfg, joint_dim=2).eval()
+    plain.load_state_dict({k: v for k, v in net.state_dict().items() if "action_points" not in k and "points_stem" not in k})
+    for p in net.dynamics.out.parameters():  # a zero output layer would hide any difference
+        torch.nn.init.normal_(p, std=0.1)
+    plain.dynamics.out.load_state_dict(net.dynamics.out.state_dict())
+    frames, t, a = torch.randn(2, 3, cfg.latent_channels, side, side), torch.full((2, 3), 15), torch.rand(2, 3, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(net.dynamics(frames, t, t, a), plain.dynamics(frames, t, t, a))
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="action_keypoints"):
+            dataclasses.replace(cfg, action_keypoints=bad).validate()
+    world = train_tiny_variant(tmp_path, dataset_dir, "keypoints", "action_map_channels: 2",
+                               "action_map_channels: 2\n  action_keypoints: 3", 3)
+    assert world.config.action_keypoints == 3 and world.network.dynamics.points_stem.weight.abs().sum() > 0
+    steps = rollout(world, dataset_dir, seed=0)
+    assert np.isfinite(steps[-1][1]).all()
+
+
 def test_world_model_step_contract_single_and_batched(run_dir, dataset_dir):
     world = WorldModel.load(run_dir)
     images, joints, actions, future = episode_start(dataset_dir, 3)

@@ -42,6 +42,7 @@ class ModelConfig:
     embed_dim: int = 64                     # noise-level and action embedding width
     action_hidden: int = 128
     action_map_channels: int = 0            # >0: the action also enters as a spatial map of this many channels
+    action_keypoints: int = 0               # >0: the action also places this many learnt points, drawn at sub-cell precision
     history_level: int = 15                 # noise label of (clean) history frames at inference
     history_noise_max: int = 99             # training noises history at t = s in 1..this
     snap_threshold: float = 0.0             # inference: a latent cell that, with its neighbours, moves less than this keeps its value (0: off)
@@ -70,6 +71,8 @@ class ModelConfig:
                 bad(key, f"must be a non-empty list of positive integers, got {value!r}")
         if not isinstance(self.action_map_channels, int) or self.action_map_channels < 0:
             bad("action_map_channels", f"must be 0 (off) or a positive integer, got {self.action_map_channels!r}")
+        if isinstance(self.action_keypoints, bool) or not isinstance(self.action_keypoints, int) or self.action_keypoints < 0:
+            bad("action_keypoints", f"must be 0 (off) or a positive integer, got {self.action_keypoints!r}")
         down = 2 ** max(len(self.encoder_channels), len(self.decoder_mult) - 1)
         if self.image_size % down:
             bad("image_size", f"{self.image_size} must be divisible by {down} (encoder and decoder downsampling)")
