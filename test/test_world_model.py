@@ -1302,7 +1302,7 @@ def test_config_errors_name_the_key(tmp_path):
     assert {p.stem for p in shipped} >= {"push_t", "push_t_mse", "push_t_jumps", "push_t_chain", "push_t_deep", "push_t_l1",
                                           "push_t_sampled", "push_t_object", "push_t_residual", "push_t_gated", "push_t_curriculum",
                                           "push_t_decoder_predicted", "push_t_pixels", "push_t_quiet_history", "push_t_curriculum_quiet",
-                                          "push_t_fine_latent", "push_t_adversarial", "push_t_window8",
+                                          "push_t_fine_latent", "push_t_adversarial", "push_t_window8", "push_t_keypoints",
                                           "paper_128", "tiny"}
     for path in shipped:
         load_config(path)
