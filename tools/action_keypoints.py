@@ -21,10 +21,9 @@ import numpy as np
 import torch
 
 from iws_data.dataset import Dataset
-from iws_reference_robot.perception import pusher_mask
+from iws_reference_robot.perception import pusher_centroid
+from iws_world_model.evaluate import _pose_estimator, pusher_min_pixels
 from iws_world_model.world_model import WorldModel
-
-MIN_PIXELS = 3  # a pusher seen at all (frame_pushers' threshold at 64x64; the data's 96x96 frames show ~9)
 
 
 def affine_fit(features: np.ndarray, target: np.ndarray) -> tuple[float, float]:
@@ -54,11 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     frames = np.array(sorted({int(e.start + rng.integers(0, e.length - 1))
                               for e in rng.choice(episodes, args.frames)}))  # command at i, its frame at i + 1
     images = np.asarray(data.images[frames + 1])
-    mask = pusher_mask(images)
-    count = mask.sum((-1, -2))
-    seen = count >= MIN_PIXELS
-    v, u = np.mgrid[:images.shape[1], :images.shape[2]]
-    centroid = np.stack([(mask * u).sum((-1, -2)), (mask * v).sum((-1, -2))], -1)[seen] / count[seen, None]
+    count, centroid = pusher_centroid(images)
+    seen = count >= pusher_min_pixels(_pose_estimator(data.meta.get("profile"))[0], *images.shape[1:3])  # as openloop
+    centroid = centroid[seen]
     side = drawer.side
     pusher = (centroid + 0.5) / images.shape[2] * side  # in latent cells, as the points
     commands = np.asarray(data.actions[frames])[seen]

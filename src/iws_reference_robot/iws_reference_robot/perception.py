@@ -56,6 +56,17 @@ def pusher_mask(image: np.ndarray) -> np.ndarray:
     return (r > 120) & (r - g > 60) & (r - b > 60)
 
 
+def pusher_centroid(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """How many red pusher pixels each rgb8 image (..., H, W, 3) shows, and their mean pixel (u, v)
+    (nan where none): where the picture draws the pusher."""
+    mask = pusher_mask(images)
+    count = mask.sum((-1, -2))
+    v, u = np.mgrid[:mask.shape[-2], :mask.shape[-1]]
+    with np.errstate(invalid="ignore", divide="ignore"):  # no red pixel: nan, as the T's estimator
+        uv = np.stack([(mask * u).sum((-1, -2)) / count, (mask * v).sum((-1, -2)) / count], -1)
+    return count, uv
+
+
 def goal_mask(image: np.ndarray) -> np.ndarray:
     """Pixels of the green goal T left visible (rgb8): the T on the goal hides most of them."""
     rgb = image.astype(np.int16)

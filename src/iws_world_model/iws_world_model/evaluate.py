@@ -308,25 +308,28 @@ def frame_poses(estimator, images: np.ndarray, valid: np.ndarray, camera_hw: tup
     return found, poses
 
 
+def pusher_min_pixels(estimator, height: int, width: int) -> int:
+    """Red pixels a frame of this size must show for its pusher to count as drawn: PUSHER_MIN_AREA of
+    the pusher's disc, at the pusher's top face (3 at 64x64, 8 at 96x96)."""
+    from iws_reference_robot.perception import PUSHER_TOP_DROP
+    from iws_reference_robot.scene import PUSHER_RADIUS
+
+    corners = estimator.pixels_to_table(np.array([[0.0, 0.0], [1.0, 0.0]]), height, width, PUSHER_TOP_DROP)
+    pixel = np.linalg.norm(corners[1] - corners[0])  # a pixel's width on the table at the pusher's top
+    return max(1, int(PUSHER_MIN_AREA * np.pi * PUSHER_RADIUS ** 2 / pixel ** 2))
+
+
 def frame_pushers(estimator, images: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Where each valid frame (N, H, S, S, 3) draws the pusher: the centroid of its red pixels,
     back-projected from the pusher's top face onto the table (metres). found (N, H) and xy (N, H, 2).
     Where the image's arm is (the joint head reports the joints it publishes, not the picture)."""
-    from iws_reference_robot.perception import PUSHER_TOP_DROP, pusher_mask
-    from iws_reference_robot.scene import PUSHER_RADIUS
+    from iws_reference_robot.perception import PUSHER_TOP_DROP, pusher_centroid
 
     height, width = images.shape[-3:-1]
-    corners = estimator.pixels_to_table(np.array([[0.0, 0.0], [1.0, 0.0]]), height, width, PUSHER_TOP_DROP)
-    pixel = np.linalg.norm(corners[1] - corners[0])  # a pixel's width on the table at the pusher's top
-    min_pixels = max(1, int(PUSHER_MIN_AREA * np.pi * PUSHER_RADIUS ** 2 / pixel ** 2))  # 3 at 64x64 (real frames: ~9)
-    v, u = np.mgrid[:height, :width]
     count, uv = np.zeros(valid.shape, np.int64), np.full((*valid.shape, 2), np.nan)
     for i in range(len(images)):  # an episode at a time: the masks of a whole report would take gigabytes
-        mask = pusher_mask(images[i])
-        count[i] = mask.sum((-1, -2))
-        with np.errstate(invalid="ignore", divide="ignore"):  # as the T's estimator: pixel indices
-            uv[i] = np.stack([(mask * u).sum((-1, -2)) / count[i], (mask * v).sum((-1, -2)) / count[i]], -1)
-    found = valid & (count >= min_pixels)
+        count[i], uv[i] = pusher_centroid(images[i])
+    found = valid & (count >= pusher_min_pixels(estimator, height, width))
     xy = np.full((*valid.shape, 2), np.nan)
     xy[found] = estimator.pixels_to_table(uv[found], height, width, PUSHER_TOP_DROP)
     return found, xy
